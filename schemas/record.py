@@ -1,0 +1,61 @@
+"""What the collector emits for one step of one run: the record every sink receives.
+
+Its JSON form (:meth:`StepRecord.to_json`) is the ``jsonl`` sink's line format, and the input
+of the run tools.
+
+>>> r = StepRecord(run="r", step=3, metrics={"critic/score/mean": 0.5}, ranks=2, time=10.0)
+>>> StepRecord.from_json(r.to_json()) == r
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One aggregated step.
+
+    ``metrics`` maps reported names to values pooled over every rank that logged them.
+    ``partial`` is true when an expected rank did not finish the step before it was emitted;
+    ``missing`` names those ranks as ``role/rank``. ``ranks`` counts the producers whose data
+    is in the step. ``nonfinite`` counts NaN/Inf samples producers dropped, by metric.
+    ``time`` is the step's end on the producers' wall clock (the latest ``log()`` of any rank).
+    """
+
+    run: str
+    step: int
+    metrics: Mapping[str, float]
+    partial: bool = False
+    missing: tuple[str, ...] = ()
+    ranks: int = 0
+    nonfinite: Mapping[str, int] = field(default_factory=dict)
+    time: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "step": self.step,
+            "metrics": dict(self.metrics),
+            "partial": self.partial,
+            "missing": list(self.missing),
+            "ranks": self.ranks,
+            "nonfinite": dict(self.nonfinite),
+            "time": self.time,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> StepRecord:
+        return cls(
+            run=str(obj["run"]),
+            step=int(obj["step"]),
+            metrics={str(k): float(v) for k, v in obj["metrics"].items()},
+            partial=bool(obj.get("partial", False)),
+            missing=tuple(obj.get("missing", ())),
+            ranks=int(obj.get("ranks", 0)),
+            nonfinite={str(k): int(v) for k, v in obj.get("nonfinite", {}).items()},
+            time=float(obj.get("time", 0.0)),
+        )

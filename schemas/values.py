@@ -1,0 +1,136 @@
+"""Mergeable metric states: the only maths that combines numbers from different ranks.
+
+Every value rlpulse moves is a :class:`Summary` of four numbers, ``(sum, weight, min, max)``:
+
+* ``sum`` and ``weight`` pool exactly. A weighted mean is ``sum / weight``; a fraction is
+  numerator / denominator, the same two slots; a count is ``sum``. A mean of per-rank means is
+  wrong whenever ranks hold different numbers of tokens: rank A with 7 tokens at mean 1.0 and
+  rank B with 3000 tokens at mean 0.0 have a pooled mean of 7/3007, not 0.5.
+* ``min`` and ``max`` are the extremes of the samples seen. NaN means *not observed* (a rank
+  that logged a pre-computed mean has no extremes, an empty rank has none at all); merging
+  ignores NaN, so a rank that saw nothing never erases another rank's real extreme.
+
+The reduction of the metric (``schemas.reductions``) decides only two things: that ``LAST``
+replaces ``sum`` instead of adding it, and which statistic is read at the end.
+
+>>> a = Summary.of_samples([1.0, 3.0])
+>>> b = Summary.of_weighted(0.5, 4.0)
+>>> merged = a.merge(b, Reduction.MEAN)
+>>> merged.read(Stat.MEAN), merged.read(Stat.MAX)
+(1.0, 3.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from schemas.reductions import Reduction, Stat
+
+NAN = math.nan
+WIDTH = 4
+"""Numbers per state on the wire and in the collector's arrays."""
+SUM, WEIGHT, MIN, MAX = range(WIDTH)
+
+
+def _fmin(a: float, b: float) -> float:
+    if math.isnan(a):
+        return b
+    if math.isnan(b):
+        return a
+    return a if a <= b else b
+
+
+def _fmax(a: float, b: float) -> float:
+    if math.isnan(a):
+        return b
+    if math.isnan(b):
+        return a
+    return a if a >= b else b
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Sum, weight and extremes of some samples; merges associatively and commutatively
+    (``LAST`` aside, which keeps the later of two states)."""
+
+    sum: float = 0.0
+    weight: float = 0.0
+    min: float = NAN
+    max: float = NAN
+
+    @classmethod
+    def of_scalar(cls, value: float) -> Summary:
+        """One sample."""
+        v = float(value)
+        return cls(v, 1.0, v, v)
+
+    @classmethod
+    def of_samples(cls, values: Iterable[float]) -> Summary:
+        """Every finite value is one sample; non-finite values are left out."""
+        arr = np.asarray(list(values), dtype=np.float64).ravel()
+        arr = arr[np.isfinite(arr)]
+        if arr.size == 0:
+            return cls()
+        return cls(float(arr.sum()), float(arr.size), float(arr.min()), float(arr.max()))
+
+    @classmethod
+    def of_weighted(cls, value: float, weight: float) -> Summary:
+        """A mean over ``weight`` samples whose extremes are unknown."""
+        return cls(float(value) * float(weight), float(weight), NAN, NAN)
+
+    @classmethod
+    def of_fraction(cls, numerator: float, denominator: float) -> Summary:
+        """``numerator`` of ``denominator`` items had the property."""
+        return cls(float(numerator), float(denominator), NAN, NAN)
+
+    def merge(self, other: Summary, reduction: Reduction) -> Summary:
+        """Combine two states of the same metric; ``other`` is the later one."""
+        total = other.sum if reduction is Reduction.LAST else self.sum + other.sum
+        return Summary(
+            total,
+            self.weight + other.weight,
+            _fmin(self.min, other.min),
+            _fmax(self.max, other.max),
+        )
+
+    def read(self, stat: Stat) -> float | None:
+        """The statistic, or None when the samples do not define it (no weight, no extremes)."""
+        if stat in (Stat.MEAN, Stat.FRACTION):
+            return self.sum / self.weight if self.weight > 0 else None
+        if stat is Stat.SUM:
+            return self.sum
+        if stat is Stat.LAST:
+            return self.sum if self.weight > 0 else None
+        value = self.max if stat is Stat.MAX else self.min
+        return None if math.isnan(value) else value
+
+    def as_row(self) -> tuple[float, float, float, float]:
+        return (self.sum, self.weight, self.min, self.max)
+
+
+def merge_rows(acc: np.ndarray, idx: np.ndarray, rows: np.ndarray, last: np.ndarray) -> None:
+    """Merge ``rows`` (n x 4 states) into ``acc`` at row indices ``idx``, in place.
+
+    ``idx`` must not repeat (a rank's one call logs each name once); ``last`` marks the rows
+    whose metric reduces by ``LAST``. This is :meth:`Summary.merge` over arrays.
+    """
+    target = acc[idx]
+    summed = target[:, SUM] + rows[:, SUM]
+    if last.any():
+        summed = np.where(last, rows[:, SUM], summed)
+    target[:, SUM] = summed
+    target[:, WEIGHT] += rows[:, WEIGHT]
+    target[:, MIN] = np.fmin(target[:, MIN], rows[:, MIN])
+    target[:, MAX] = np.fmax(target[:, MAX], rows[:, MAX])
+    acc[idx] = target
+
+
+def empty_rows(n: int) -> np.ndarray:
+    """``n`` identity states: zero sum and weight, extremes not observed."""
+    out = np.zeros((n, WIDTH), dtype=np.float64)
+    out[:, MIN:] = NAN
+    return out
