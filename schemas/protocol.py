@@ -23,7 +23,7 @@ import numpy as np
 
 from schemas.errors import SchemaError
 from schemas.reductions import Reduction
-from schemas.values import MAX, MIN, WEIGHT, WIDTH
+from schemas.values import MIN, WEIGHT, WIDTH
 
 VERSION = 1
 HELLO, METRICS, DONE, HEARTBEAT, BYE = "hello", "metrics", "done", "heartbeat", "bye"

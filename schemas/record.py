@@ -24,6 +24,8 @@ class StepRecord:
     ``missing`` names those ranks as ``role/rank``. ``ranks`` counts the producers whose data
     is in the step. ``nonfinite`` counts NaN/Inf samples producers dropped, by metric.
     ``time`` is the step's end on the producers' wall clock (the latest ``log()`` of any rank).
+    ``roles`` maps each reported name to the role that logged it (several joined by ``+``);
+    derived metrics have none.
     """
 
     run: str
@@ -34,6 +36,7 @@ class StepRecord:
     ranks: int = 0
     nonfinite: Mapping[str, int] = field(default_factory=dict)
     time: float = 0.0
+    roles: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +48,7 @@ class StepRecord:
             "ranks": self.ranks,
             "nonfinite": dict(self.nonfinite),
             "time": self.time,
+            "roles": dict(self.roles),
         }
 
     @classmethod
@@ -58,4 +62,5 @@ class StepRecord:
             ranks=int(obj.get("ranks", 0)),
             nonfinite={str(k): int(v) for k, v in obj.get("nonfinite", {}).items()},
             time=float(obj.get("time", 0.0)),
+            roles={str(k): str(v) for k, v in obj.get("roles", {}).items()},
         )

@@ -23,7 +23,7 @@ replaces ``sum`` instead of adding it, and which statistic is read at the end.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,14 +99,7 @@ class Summary:
 
     def read(self, stat: Stat) -> float | None:
         """The statistic, or None when the samples do not define it (no weight, no extremes)."""
-        if stat in (Stat.MEAN, Stat.FRACTION):
-            return self.sum / self.weight if self.weight > 0 else None
-        if stat is Stat.SUM:
-            return self.sum
-        if stat is Stat.LAST:
-            return self.sum if self.weight > 0 else None
-        value = self.max if stat is Stat.MAX else self.min
-        return None if math.isnan(value) else value
+        return read_row(self.as_row(), stat)
 
     def as_row(self) -> tuple[float, float, float, float]:
         return (self.sum, self.weight, self.min, self.max)
@@ -127,6 +120,19 @@ def merge_rows(acc: np.ndarray, idx: np.ndarray, rows: np.ndarray, last: np.ndar
     target[:, MIN] = np.fmin(target[:, MIN], rows[:, MIN])
     target[:, MAX] = np.fmax(target[:, MAX], rows[:, MAX])
     acc[idx] = target
+
+
+def read_row(row: Sequence[float] | np.ndarray, stat: Stat) -> float | None:
+    """Read ``stat`` off one state row; None when the samples do not define it."""
+    if stat is Stat.MEAN or stat is Stat.FRACTION:
+        w = row[WEIGHT]
+        return float(row[SUM] / w) if w > 0 else None
+    if stat is Stat.SUM:
+        return float(row[SUM])
+    if stat is Stat.LAST:
+        return float(row[SUM]) if row[WEIGHT] > 0 else None
+    value = row[MAX] if stat is Stat.MAX else row[MIN]
+    return None if math.isnan(value) else float(value)
 
 
 def empty_rows(n: int) -> np.ndarray:

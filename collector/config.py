@@ -1,0 +1,135 @@
+"""Collector configuration: one frozen dataclass, loaded from YAML and validated up front.
+
+Two tracker forms are accepted. ROLL's, with one tracker and its kwargs::
+
+    track_with: tensorboard
+    tracker_kwargs:
+      log_dir: /path/to/tensorboard/logs
+
+and a list of trackers, with ``tracker_kwargs`` keyed by tracker name::
+
+    track_with: [stdout, jsonl, tensorboard]
+    tracker_kwargs:
+      jsonl: {path: runs/out.jsonl}
+      tensorboard: {log_dir: runs/tb}
+
+Unknown keys and bad values raise :class:`ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from collector.errors import ConfigError
+from collector.sinks import SINKS
+
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Everything the daemon needs.
+
+    * ``bind``: ZeroMQ endpoint; loopback unless asked otherwise.
+    * ``trackers``: tracker name -> kwargs, in fan-out order.
+    * ``grace_s``: once some rank has finished a step, how long to wait for the others before
+      emitting it flagged partial.
+    * ``liveness_s``: a producer silent this long (heartbeats stopped) is presumed dead; the
+      steps it has not finished are emitted partial without waiting out the grace period.
+    * ``max_open_steps``: open steps per run; beyond it the oldest is emitted partial.
+    * ``tps_window``: steps pooled for ``system/tps`` (1: this step alone; ROLL uses 5).
+    * ``max_message_bytes``: larger messages are rejected (and the ZeroMQ limit is 4x this).
+    * ``sink_queue``: steps buffered per sink before that sink starts dropping.
+    * ``sink_retries``: attempts per step for a failing sink, with backoff in between.
+    * ``sink_close_s``: time each sink gets to flush and close at shutdown.
+    """
+
+    bind: str = DEFAULT_BIND
+    trackers: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"stdout": {}})
+    grace_s: float = 60.0
+    liveness_s: float = 10.0
+    max_open_steps: int = 64
+    tps_window: int = 1
+    max_message_bytes: int = 8 * 1024 * 1024
+    sink_queue: int = 1024
+    sink_retries: int = 5
+    sink_close_s: float = 10.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bind, str) or "://" not in self.bind:
+            raise ConfigError("bind", "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555", self.bind)
+        for name in ("grace_s", "liveness_s", "sink_close_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
+                raise ConfigError(name, "must be a positive number of seconds", value)
+        for name in ("max_open_steps", "tps_window", "max_message_bytes", "sink_queue"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, "must be a positive integer", value)
+        if not isinstance(self.sink_retries, int) or self.sink_retries < 0:
+            raise ConfigError("sink_retries", "must be a non-negative integer", self.sink_retries)
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError("log_level", "must be DEBUG, INFO, WARNING or ERROR", self.log_level)
+        for name, kwargs in self.trackers.items():
+            if name not in SINKS:
+                raise ConfigError("track_with", f"unknown tracker; choose from {', '.join(sorted(SINKS))}", name)
+            if not isinstance(kwargs, Mapping):
+                raise ConfigError(f"tracker_kwargs.{name}", "must be a mapping", kwargs)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> CollectorConfig:
+        if not isinstance(raw, Mapping):
+            raise ConfigError("<config>", "must be a YAML mapping", type(raw).__name__)
+        data = dict(raw)
+        trackers = _trackers(data.pop("track_with", None), data.pop("tracker_kwargs", None))
+        known = {f.name for f in fields(cls)} - {"trackers"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown key; known keys are track_with, tracker_kwargs, {', '.join(sorted(known))}")
+        return cls(trackers=trackers, **data)
+
+    @classmethod
+    def load(cls, path: str | Path, bind: str | None = None) -> CollectorConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from None
+        if bind is not None and isinstance(raw, dict):
+            raw = {**raw, "bind": bind}
+        return cls.from_mapping(raw)
+
+
+def _trackers(track_with: Any, kwargs: Any) -> dict[str, dict[str, Any]]:
+    if track_with is None:
+        track_with = ["stdout"]
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError("tracker_kwargs", "must be a mapping", kwargs)
+    if isinstance(track_with, str):  # ROLL's form: one tracker, its kwargs flat
+        return {track_with: dict(kwargs)}
+    if not isinstance(track_with, list) or not all(isinstance(t, str) for t in track_with):
+        raise ConfigError("track_with", "must be a tracker name or a list of names", track_with)
+    if len(set(track_with)) != len(track_with):
+        raise ConfigError("track_with", "names a tracker twice", track_with)
+    extra = sorted(set(kwargs) - set(track_with))
+    if extra:
+        raise ConfigError(f"tracker_kwargs.{extra[0]}", "has kwargs but is not in track_with")
+    out = {}
+    for name in track_with:
+        sub = kwargs.get(name) or {}
+        if not isinstance(sub, Mapping):
+            raise ConfigError(f"tracker_kwargs.{name}", "must be a mapping", sub)
+        out[name] = dict(sub)
+    return out

@@ -1,0 +1,83 @@
+"""``stdout``: a readable block per step, metrics grouped by family (the name's first part).
+
+    step 12  run ppo-demo  8 ranks
+      actor   clipfrac=0.0213  pg_loss=-0.0041  ...
+      critic  score/mean=0.625  ...
+      system  samples=384  tps=1520
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from collector.errors import ConfigError
+from collector.sinks.base import SinkContext
+from schemas.record import StepRecord
+
+
+def _number(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+class StdoutSink:
+    """Prints each step to a text stream (standard output by default).
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> sink = StdoutSink(stream=out); sink.open()
+    >>> sink.write(StepRecord(run="r", step=1, metrics={"actor/pg_loss": 0.5}, ranks=2))
+    >>> "pg_loss=0.5" in out.getvalue()
+    True
+    """
+
+    name = "stdout"
+
+    def __init__(self, stream: TextIO | None = None, max_per_line: int = 6) -> None:
+        self._stream = stream
+        self._max_per_line = max_per_line
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> StdoutSink:
+        unknown = sorted(set(kwargs) - {"max_per_line"})
+        if unknown:
+            raise ConfigError(f"tracker_kwargs.stdout.{unknown[0]}", "unknown key; stdout takes max_per_line")
+        per_line = kwargs.get("max_per_line", 6)
+        if not isinstance(per_line, int) or per_line < 1:
+            raise ConfigError("tracker_kwargs.stdout.max_per_line", "must be a positive integer", per_line)
+        return cls(max_per_line=per_line)
+
+    def open(self) -> None:
+        pass
+
+    def format(self, record: StepRecord) -> str:
+        head = f"step {record.step}  run {record.run}  {record.ranks} ranks"
+        if record.partial:
+            head += f"  PARTIAL (missing {', '.join(record.missing)})"
+        lines = [head]
+        families: dict[str, list[str]] = defaultdict(list)
+        for name in sorted(record.metrics):
+            family, _, rest = name.partition("/")
+            families[family].append(f"{rest or family}={_number(record.metrics[name])}")
+        width = max((len(f) for f in families), default=0)
+        for family, items in families.items():
+            for i in range(0, len(items), self._max_per_line):
+                label = family if i == 0 else ""
+                lines.append(f"  {label:<{width}}  " + "  ".join(items[i : i + self._max_per_line]))
+        if record.nonfinite:
+            dropped = ", ".join(f"{k} x{v}" for k, v in sorted(record.nonfinite.items()))
+            lines.append(f"  NaN/Inf samples dropped by producers: {dropped}")
+        return "\n".join(lines) + "\n"
+
+    def write(self, record: StepRecord) -> None:
+        stream = self._stream or sys.stdout
+        stream.write(self.format(record))
+        stream.flush()
+
+    def close(self) -> None:
+        stream = self._stream or sys.stdout
+        stream.flush()

@@ -1,0 +1,239 @@
+"""``Producer``: the object a training worker logs through.
+
+>>> from producer import Producer, Masked, Weighted
+>>> p = Producer("tcp://127.0.0.1:5555", run="r1", role="actor_train", rank=0, world_size=2)
+>>> p.log({"actor/pg_loss": Weighted(0.31, 4096), "critic/advantages": Masked(adv, mask)}, step=7)
+>>> p.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from producer.env import default_address
+from producer.memory import MemoryProbe
+from producer.phase import Phase, PhaseNames
+from producer.reduce import InvalidValue, reduce_value
+from producer.sender import DONE, FLUSH, INVALID, LOG, Sender
+from schemas.catalog import Catalog
+from schemas.metrics import CATALOG
+from schemas.reductions import Reduction
+
+log = logging.getLogger("rlpulse.producer")
+_SIMPLE = frozenset((float, int))
+
+
+class Producer:
+    """Sends one worker's metrics to an rlpulse collector, off the training thread.
+
+    ``log(data, step)`` reduces arrays and tensors to mergeable states right away (raw arrays
+    never cross the wire), queues the call and returns; a background thread encodes and
+    sends. Neither ``log()`` nor ``phase()`` ever raises into the caller or blocks on the
+    network: a full queue or an unreachable collector drops, counts (:meth:`stats`) and
+    warns once. The counts reach the collector with every heartbeat.
+
+    ``reductions`` declares how names outside the catalog merge (``{"my/peak": "max"}``);
+    the catalog's own declarations cannot be overridden.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        run: str,
+        role: str,
+        rank: int = 0,
+        world_size: int = 1,
+        reductions: Mapping[str, str | Reduction] | None = None,
+        max_pending: int = 10_000,
+        heartbeat_s: float = 1.0,
+        close_timeout_s: float = 2.0,
+        sndhwm: int = 1000,
+        catalog: Catalog = CATALOG,
+        context: zmq.Context | None = None,
+        memory_probe: MemoryProbe | None = None,
+    ) -> None:
+        if not run or not isinstance(run, str):
+            raise ValueError(f"run must be a non-empty string, got {run!r}")
+        if not role or not isinstance(role, str):
+            raise ValueError(f"role must be a non-empty string, got {role!r}")
+        if not (isinstance(world_size, int) and world_size >= 1):
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        if not (isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+        if max_pending < 1 or heartbeat_s <= 0 or close_timeout_s < 0:
+            raise ValueError("max_pending, heartbeat_s must be positive and close_timeout_s >= 0")
+        self.address = address or default_address()
+        self.run, self.role, self.rank, self.world_size = run, role, rank, world_size
+        self._declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
+        self._catalog = catalog
+        self._max_pending = max_pending
+        self._close_timeout_s = close_timeout_s
+        self._queue: deque = deque()
+        self._wake = threading.Event()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._phase_names: dict[str, PhaseNames | None] = {}
+        self._probe = memory_probe or MemoryProbe()
+        # Caller-thread counters (the sender keeps its own: no shared writes across threads).
+        self._logged = 0
+        self._dropped_full = 0
+        self._invalid = 0
+        self._errors = 0
+        self._producer_id = random.getrandbits(63)
+        self._sender = Sender(
+            address=self.address,
+            identity={"run": run, "role": role, "rank": rank, "world_size": world_size},
+            producer_id=self._producer_id,
+            queue=self._queue,
+            wake=self._wake,
+            catalog=catalog,
+            declared=self._declared,
+            stats=self.stats,
+            warn_once=self._warn_once,
+            heartbeat_s=heartbeat_s,
+            sndhwm=sndhwm,
+            context=context or zmq.Context(),
+        )
+        self._sender.close_timeout_s = close_timeout_s
+        self._sender.start()
+        ref = weakref.ref(self)
+        self._atexit: Callable[[], None] = lambda: (p := ref()) is not None and p.close()  # type: ignore[func-returns-value]
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ the hot path
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """Queue the metrics of ``step``. Never raises, never blocks.
+
+        Values: ``int``/``float`` (one sample), numpy arrays and torch tensors (every element
+        a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`.
+        """
+        try:
+            if self._closed:
+                self._invalid += 1
+                self._warn_once("closed", "log() after close(): dropped")
+                return
+            if type(step) is not int or step < 0:
+                self._invalid += 1
+                self._warn_once(f"step:{type(step).__name__}", f"step must be a non-negative int, got {step!r}: call dropped")
+                return
+            payload = dict(data)
+            for name, value in payload.items():
+                if type(value) not in _SIMPLE:
+                    try:
+                        payload[name] = reduce_value(value)
+                    except InvalidValue as exc:
+                        payload[name] = INVALID
+                        self._invalid += 1
+                        self._warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
+            queue = self._queue
+            if len(queue) >= self._max_pending:
+                self._dropped_full += 1
+                self._warn_once("full", f"{self._max_pending} log() calls are queued unsent; dropping (counted in stats())")
+                return
+            queue.append((LOG, step, time.time(), payload))
+            self._logged += 1
+            if not self._wake.is_set():
+                self._wake.set()
+        except Exception as exc:  # a bug or an odd mapping must not reach the training loop
+            self._note_error("log()", exc)
+
+    def phase(
+        self,
+        infix: str,
+        *,
+        step: int,
+        onload: Callable[[], object] | None = None,
+        offload: Callable[[], object] | None = None,
+    ) -> Phase:
+        """Time a phase and take memory snapshots around it (see ``producer.phase``)."""
+        names = self._phase_names.get(infix, ...)
+        if names is ...:
+            try:
+                names = PhaseNames.parse(infix)
+            except ValueError as exc:
+                self._warn_once(f"phase:{infix}", f"{exc}; the phase runs but is not measured")
+                names = None
+            self._phase_names[infix] = names
+        return Phase(self, names, step, self._probe, onload, offload)  # type: ignore[arg-type]
+
+    def step_done(self, step: int) -> None:
+        """Say this rank has finished every step up to ``step`` (logging a later step says so
+        too). A rank that logs nothing at some steps calls this so the collector need not wait
+        for it."""
+        if self._closed or type(step) is not int or step < 0:
+            return
+        self._queue.append((DONE, step))
+        self._wake.set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything logged so far is handed to ZeroMQ; False on timeout."""
+        if self._closed or not self._sender.is_alive():
+            return False
+        done = threading.Event()
+        self._queue.append((FLUSH, done))
+        self._wake.set()
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued, say goodbye and stop, within ``timeout`` seconds (default
+        ``close_timeout_s``) even when no collector is listening. Safe to call twice."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self._atexit)
+        limit = self._close_timeout_s if timeout is None else timeout
+        self._sender.close_timeout_s = limit
+        self._sender.stopping.set()
+        self._wake.set()
+        self._sender.join(limit + 1.0)
+        if self._sender.is_alive():
+            log.error("rlpulse producer %s/%s: sender did not stop within %.1fs; abandoned", self.role, self.rank, limit)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ accounting
+
+    def stats(self) -> dict[str, int]:
+        """Counters: calls queued (``logged``), messages sent, calls dropped because the queue
+        was full or ZeroMQ refused them, invalid values, non-finite samples left out, errors."""
+        c = self._sender.counters
+        return {
+            "logged": self._logged,
+            "sent_messages": c.sent_messages,
+            "dropped_queue_full": self._dropped_full,
+            "dropped_send": c.dropped_send,
+            "invalid": self._invalid + c.invalid,
+            "nonfinite": c.nonfinite,
+            "errors": self._errors + c.errors,
+        }
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning("rlpulse producer %s/%s (pid %d): %s", self.role, self.rank, os.getpid(), message)
+
+    def _note_error(self, where: str, exc: BaseException) -> None:
+        self._errors += 1
+        self._warn_once(f"error:{where}:{type(exc).__name__}", f"{where} failed and was skipped: {exc!r}")

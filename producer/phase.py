@@ -1,0 +1,152 @@
+"""Time and memory of one worker phase, as ROLL's state-offload manager measures them.
+
+Inside ``with producer.phase("actor_train/train_step", step=s, onload=..., offload=...):``
+
+1. start: CPU memory, device peaks reset, GPU snapshot ``start/offload``;
+2. ``onload()`` (model/optimizer state to the device), timed; snapshot ``start/onload``;
+3. the body, timed as ``execute``; snapshot ``end/onload`` with ``max_*_frac``;
+4. ``offload()``, timed; snapshot ``end/offload``; CPU memory at the end.
+
+``total`` covers all four. Every metric is logged at once when the phase ends, also when the
+body raises (the exception then propagates unchanged). Metric names come from the catalog's
+templates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from producer.memory import DeviceMemory, MemoryProbe
+from schemas.metrics import MEMORY_CPU, MEMORY_GPU, TIME_PHASE
+
+if TYPE_CHECKING:
+    from producer.client import Producer
+
+
+@dataclass(frozen=True)
+class PhaseNames:
+    """Concrete metric names of one ``{cluster}/{phase}`` infix, built once and cached."""
+
+    cluster: str
+    phase: str
+
+    @classmethod
+    def parse(cls, infix: str) -> PhaseNames:
+        cluster, sep, phase = infix.partition("/")
+        if not sep or not cluster or not phase:
+            raise ValueError(f"phase infix must be '{{cluster}}/{{phase}}', got {infix!r}")
+        names = cls(cluster, phase)
+        names.time("total")  # validates both segments against the catalog template
+        return names
+
+    def time(self, part: str) -> str:
+        return TIME_PHASE.format(cluster=self.cluster, phase=self.phase, part=part)
+
+    def cpu(self, when: str, kind: str) -> str:
+        return MEMORY_CPU.format(cluster=self.cluster, phase=self.phase, when=when, kind=kind)
+
+    def gpu(self, when: str, state: str, stat: str, device: int) -> str:
+        return MEMORY_GPU.format(
+            cluster=self.cluster, phase=self.phase, when=when, state=state, stat=stat, device_id=device
+        )
+
+
+class Phase:
+    """Context manager returned by :meth:`Producer.phase`.
+
+    >>> # with producer.phase("actor_train/train_step", step=3, onload=load, offload=unload):
+    >>> #     train_one_step()
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        names: PhaseNames | None,
+        step: int,
+        probe: MemoryProbe,
+        onload: Callable[[], object] | None = None,
+        offload: Callable[[], object] | None = None,
+    ) -> None:
+        self._producer = producer
+        self._names = names
+        self._step = step
+        self._probe = probe
+        self._onload = onload
+        self._offload = offload
+        self._metrics: dict[str, float] = {}
+
+    def _gpu(self, when: str, state: str, fractions: bool = False) -> None:
+        names = self._names
+        assert names is not None
+        for device, mem in self._probe.devices().items():
+            self._add_device(names, when, state, device, mem, fractions)
+
+    def _add_device(
+        self, names: PhaseNames, when: str, state: str, device: int, mem: DeviceMemory, fractions: bool
+    ) -> None:
+        m = self._metrics
+        m[names.gpu(when, state, "allocated", device)] = mem.allocated
+        m[names.gpu(when, state, "reserved", device)] = mem.reserved
+        m[names.gpu(when, state, "max_allocated", device)] = mem.max_allocated
+        m[names.gpu(when, state, "max_reserved", device)] = mem.max_reserved
+        if fractions and mem.total > 0:
+            m[names.gpu(when, state, "max_allocated_frac", device)] = mem.max_allocated / mem.total
+            m[names.gpu(when, state, "max_reserved_frac", device)] = mem.max_reserved / mem.total
+
+    def __enter__(self) -> Phase:
+        self._t0 = time.perf_counter()
+        if self._names is None:
+            return self
+        try:
+            rss, vms = self._probe.cpu()
+            self._metrics[self._names.cpu("start", "rss")] = rss
+            self._metrics[self._names.cpu("start", "vms")] = vms
+            self._probe.reset_peaks()
+            self._gpu("start", "offload")
+        except Exception as exc:  # a probe must never break training
+            self._producer._note_error("phase probe", exc)
+        if self._onload is not None:
+            t = time.perf_counter()
+            self._onload()
+            self._metrics[self._names.time("onload")] = time.perf_counter() - t
+        try:
+            self._gpu("start", "onload")
+        except Exception as exc:
+            self._producer._note_error("phase probe", exc)
+        self._t_exec = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        names = self._names
+        if names is None:
+            return
+        execute = time.perf_counter() - self._t_exec
+        try:
+            self._gpu("end", "onload", fractions=True)
+        except Exception as err:
+            self._producer._note_error("phase probe", err)
+        if self._offload is not None:
+            t = time.perf_counter()
+            try:
+                self._offload()
+            finally:
+                self._metrics[names.time("offload")] = time.perf_counter() - t
+        try:
+            self._gpu("end", "offload")
+            rss, vms = self._probe.cpu()
+            self._metrics[names.cpu("end", "rss")] = rss
+            self._metrics[names.cpu("end", "vms")] = vms
+        except Exception as err:
+            self._producer._note_error("phase probe", err)
+        self._metrics[names.time("execute")] = execute
+        self._metrics[names.time("total")] = time.perf_counter() - self._t0
+        self._producer.log(self._metrics, step=self._step)

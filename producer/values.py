@@ -1,0 +1,45 @@
+"""Value wrappers a caller passes to ``Producer.log`` when a bare number would pool wrongly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Masked:
+    """Only the elements of ``values`` where ``mask`` is true are samples (token masks).
+
+    >>> Masked([1.0, 2.0, 9.0], [1, 1, 0])  # two samples: 1.0 and 2.0
+    Masked(values=[1.0, 2.0, 9.0], mask=[1, 1, 0])
+    """
+
+    values: Any
+    mask: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Weighted:
+    """A mean this rank already computed, over ``weight`` tokens or samples.
+
+    Ranks pool as sum(value * weight) / sum(weight), so a rank with 7 tokens counts 7/3007 as
+    much as one with 3000. Its extremes are unknown, so families report no max/min from it.
+
+    >>> Weighted(0.25, 128)
+    Weighted(value=0.25, weight=128)
+    """
+
+    value: Any
+    weight: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Fraction:
+    """``numerator`` of ``denominator`` items had a property (clipped tokens of all tokens).
+
+    >>> Fraction(3, 40)
+    Fraction(numerator=3, denominator=40)
+    """
+
+    numerator: Any
+    denominator: Any
