@@ -190,7 +190,9 @@ class Aggregator:
         hello is still in flight); its next hello replays them."""
         if self._unknown_count >= self.max_pending_unknown:
             self.health.unknown_producer += 1
-            self._ratelog.warn("unknown", f"dropping messages from unregistered producer {msg.producer:x}")
+            self._ratelog.warn(
+                "unknown", f"dropping messages from unregistered producer {msg.producer:x}"
+            )
             return
         self._unknown.setdefault(msg.producer, []).append(msg)
         self._unknown_count += 1
@@ -212,14 +214,29 @@ class Aggregator:
                 f"the first registration said {ws}; keeping {ws}",
             )
         run.role_bits.setdefault(msg.role, len(run.role_bits))
-        prod = ProducerInfo(msg.producer, msg.run, msg.role, msg.rank, msg.world_size, msg.host, now)
+        prod = ProducerInfo(
+            msg.producer, msg.run, msg.role, msg.rank, msg.world_size, msg.host, now
+        )
         self.producers[msg.producer] = prod
         previous = run.slots.get(prod.slot)
         run.slots[prod.slot] = prod.pid
         if previous is not None:
-            log.info("run %r: %s/%d re-registered from a new process (host %s)", msg.run, msg.role, msg.rank, msg.host)
+            log.info(
+                "run %r: %s/%d re-registered from a new process (host %s)",
+                msg.run,
+                msg.role,
+                msg.rank,
+                msg.host,
+            )
         else:
-            log.info("run %r: %s/%d of %d registered (host %s)", msg.run, msg.role, msg.rank, ws, msg.host)
+            log.info(
+                "run %r: %s/%d of %d registered (host %s)",
+                msg.run,
+                msg.role,
+                msg.rank,
+                ws,
+                msg.host,
+            )
         self.health.producers = len(self.producers)
         held = self._unknown.pop(msg.producer, [])
         self._unknown_count -= len(held)
@@ -241,12 +258,18 @@ class Aggregator:
                 resolved = self.catalog.resolve(name, Reduction(kind))
                 if resolved.derived:
                     self.health.derived_logged += 1
-                    self._ratelog.warn(f"derived:{name}", f"{name} is computed by the collector; producers must not log it (dropped)")
+                    self._ratelog.warn(
+                        f"derived:{name}",
+                        f"{name} is computed by the collector; producers must not log it (dropped)",
+                    )
                     keep[i] = False
                     continue
                 if len(run.names) >= self.max_names_per_run:
                     self.health.names_overflow += 1
-                    self._ratelog.warn(f"names:{run.name}", f"run {run.name!r} has {self.max_names_per_run} distinct names; dropping new name {name!r}")
+                    self._ratelog.warn(
+                        f"names:{run.name}",
+                        f"run {run.name!r} has {self.max_names_per_run} distinct names; dropping new name {name!r}",
+                    )
                     keep[i] = False
                     continue
                 j = len(run.names)
@@ -255,7 +278,10 @@ class Aggregator:
                 run.resolved.append(resolved)
             if int(run.resolved[j].reduction) != kind:
                 self.health.kind_mismatch += 1
-                self._ratelog.warn(f"kind:{name}", f"{name}: producer sent reduction {Reduction(kind).name}, the catalog says {run.resolved[j].reduction.name}; using the catalog")
+                self._ratelog.warn(
+                    f"kind:{name}",
+                    f"{name}: producer sent reduction {Reduction(kind).name}, the catalog says {run.resolved[j].reduction.name}; using the catalog",
+                )
             idx[i] = j
         idx = idx[keep]
         last = np.array([run.resolved[j].reduction is Reduction.LAST for j in idx], dtype=bool)
@@ -337,7 +363,10 @@ class Aggregator:
                 missing = expected - state.done
                 if missing:
                     overflow = len(run.steps) > self.max_open_steps
-                    graced = state.first_done_at is not None and now - state.first_done_at >= self.grace_s
+                    graced = (
+                        state.first_done_at is not None
+                        and now - state.first_done_at >= self.grace_s
+                    )
                     if not (overflow or graced or all(self._gone(run, s, now) for s in missing)):
                         break
                 self._emit(run, state, missing)
@@ -382,7 +411,10 @@ class Aggregator:
         self.health.steps_emitted += 1
         if partial:
             self.health.partial_steps += 1
-            self._ratelog.warn(f"partial:{run.name}", f"run {run.name!r} step {state.step} emitted partial; missing {', '.join(record.missing)}")
+            self._ratelog.warn(
+                f"partial:{run.name}",
+                f"run {run.name!r} step {state.step} emitted partial; missing {', '.join(record.missing)}",
+            )
         self.emit(record)
 
     def _derive(self, run: RunState, state: StepState, metrics: dict[str, float]) -> None:
@@ -396,10 +428,11 @@ class Aggregator:
         if len(run.ends) >= 2 and all(tok is not None for _, tok in window):
             elapsed = run.ends[-1][0] - run.ends[0][0]
             if elapsed > 0:
-                metrics[M.SYSTEM_TPS.name] = sum(tok for _, tok in window if tok is not None) / elapsed
+                metrics[M.SYSTEM_TPS.name] = (
+                    sum(tok for _, tok in window if tok is not None) / elapsed
+                )
         for source, total in ((samples, M.SYSTEM_SAMPLES.name), (tokens, M.SYSTEM_TOKENS.name)):
             if source is not None:
                 run.cumulative[total] = run.cumulative.get(total, 0.0) + source
             if total in run.cumulative:
                 metrics[total] = run.cumulative[total]
-

@@ -64,10 +64,17 @@ class CollectorConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.bind, str) or "://" not in self.bind:
-            raise ConfigError("bind", "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555", self.bind)
+            raise ConfigError(
+                "bind", "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555", self.bind
+            )
         for name in ("grace_s", "liveness_s", "sink_close_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not value > 0
+                or not math.isfinite(value)
+            ):
                 raise ConfigError(name, "must be a positive number of seconds", value)
         for name in ("max_open_steps", "tps_window", "max_message_bytes", "sink_queue"):
             value = getattr(self, name)
@@ -79,7 +86,9 @@ class CollectorConfig:
             raise ConfigError("log_level", "must be DEBUG, INFO, WARNING or ERROR", self.log_level)
         for name, kwargs in self.trackers.items():
             if name not in SINKS:
-                raise ConfigError("track_with", f"unknown tracker; choose from {', '.join(sorted(SINKS))}", name)
+                raise ConfigError(
+                    "track_with", f"unknown tracker; choose from {', '.join(sorted(SINKS))}", name
+                )
             if not isinstance(kwargs, Mapping):
                 raise ConfigError(f"tracker_kwargs.{name}", "must be a mapping", kwargs)
 
@@ -92,7 +101,10 @@ class CollectorConfig:
         known = {f.name for f in fields(cls)} - {"trackers"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(unknown[0], f"unknown key; known keys are track_with, tracker_kwargs, {', '.join(sorted(known))}")
+            raise ConfigError(
+                unknown[0],
+                f"unknown key; known keys are track_with, tracker_kwargs, {', '.join(sorted(known))}",
+            )
         return cls(trackers=trackers, **data)
 
     @classmethod

@@ -7,6 +7,7 @@ thread (``collector.fanout``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -55,7 +56,9 @@ class Collector:
         self._clock = clock
         ctx = SinkContext(catalog=CATALOG, health=self.health.snapshot, environ=environ)
         if sinks is None:
-            sinks = {name: build_sink(name, kwargs, ctx) for name, kwargs in config.trackers.items()}
+            sinks = {
+                name: build_sink(name, kwargs, ctx) for name, kwargs in config.trackers.items()
+            }
         for sink in sinks.values():
             sink.open()
         self.fanout = FanOut(
@@ -109,13 +112,17 @@ class Collector:
             health.messages_received += 1
             if len(frames) != 2:
                 health.reject("bad_frames")
-                self._ratelog.warn("bad_frames", f"rejected a message of {len(frames) - 1} frames (expected 1)")
+                self._ratelog.warn(
+                    "bad_frames", f"rejected a message of {len(frames) - 1} frames (expected 1)"
+                )
                 continue
             try:
                 msg = protocol.decode(frames[1], self.limits)
             except SchemaError as exc:
                 health.reject(exc.reason)
-                self._ratelog.warn(f"malformed:{exc.reason}", f"rejected a malformed message: {exc.detail}")
+                self._ratelog.warn(
+                    f"malformed:{exc.reason}", f"rejected a malformed message: {exc.detail}"
+                )
                 continue
             agg.handle(msg, now)
         return handled
@@ -125,7 +132,11 @@ class Collector:
         self.fanout.start()
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
-        log.info("rlpulse collector listening on %s; trackers: %s", self.address, ", ".join(w.name for w in self.fanout.workers))
+        log.info(
+            "rlpulse collector listening on %s; trackers: %s",
+            self.address,
+            ", ".join(w.name for w in self.fanout.workers),
+        )
         try:
             while not self._stop.is_set():
                 if poller.poll(POLL_MS):
@@ -148,12 +159,15 @@ class Collector:
         abandoned = self.fanout.close()
         h = self.health
         log.info(
-            "rlpulse collector stopped: %d messages, %d steps emitted (%d partial), %d late, %d malformed%s",
+            "rlpulse collector stopped: %d messages, %d steps emitted (%d partial), %d late, "
+            "%d malformed %s, producers dropped %d%s",
             h.messages_received,
             h.steps_emitted,
             h.partial_steps,
             h.late,
             sum(h.malformed.values()),
+            json.dumps(dict(sorted(h.malformed.items()))),
+            h.producer_dropped(),
             f"; abandoned sinks: {', '.join(abandoned)}" if abandoned else "",
         )
 

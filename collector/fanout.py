@@ -64,7 +64,10 @@ class SinkWorker:
             self._queue.put_nowait((self._clock(), record))
         except queue.Full:
             self.dropped += 1
-            self._ratelog.warn("full", f"sink {self.name}: queue full (sink slow or stuck); dropped step {record.step} of run {record.run!r}")
+            self._ratelog.warn(
+                "full",
+                f"sink {self.name}: queue full (sink slow or stuck); dropped step {record.step} of run {record.run!r}",
+            )
 
     def stats(self) -> dict[str, float]:
         oldest = self._busy_since
@@ -96,7 +99,10 @@ class SinkWorker:
                 self.errors += 1
                 if attempt == self.retries:
                     self.dropped += 1
-                    self._ratelog.warn("gave-up", f"sink {self.name}: gave up on step {record.step} after {attempt + 1} attempts: {exc!r}")
+                    self._ratelog.warn(
+                        "gave-up",
+                        f"sink {self.name}: gave up on step {record.step} after {attempt + 1} attempts: {exc!r}",
+                    )
                     return
                 self._ratelog.warn("error", f"sink {self.name}: write failed ({exc!r}); retrying")
                 # While stopping, retry without waiting: close_s bounds the whole drain.
@@ -143,10 +149,19 @@ class FanOut:
     >>> # fan.put(record); fan.close()
     """
 
-    def __init__(self, sinks: Mapping[str, Sink], *, queue_size: int = 1024, retries: int = 5, close_s: float = 10.0, backoff_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        sinks: Mapping[str, Sink],
+        *,
+        queue_size: int = 1024,
+        retries: int = 5,
+        close_s: float = 10.0,
+        backoff_s: float = 0.1,
+    ) -> None:
         self.close_s = close_s
         self.workers: Sequence[SinkWorker] = [
-            SinkWorker(name, sink, queue_size=queue_size, retries=retries, backoff_s=backoff_s) for name, sink in sinks.items()
+            SinkWorker(name, sink, queue_size=queue_size, retries=retries, backoff_s=backoff_s)
+            for name, sink in sinks.items()
         ]
         self._closed = False
 
@@ -174,5 +189,9 @@ class FanOut:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
             if worker.thread.is_alive():
                 abandoned.append(worker.name)
-                log.error("sink %s did not flush and close within %.1fs; abandoned (its pending steps are lost)", worker.name, self.close_s)
+                log.error(
+                    "sink %s did not flush and close within %.1fs; abandoned (its pending steps are lost)",
+                    worker.name,
+                    self.close_s,
+                )
         return abandoned

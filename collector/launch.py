@@ -62,7 +62,15 @@ def start_collector(
     config_path = workdir / "collector.yaml"
     config_path.write_text(yaml.safe_dump(dict(config)))
     ready = workdir / "ready"
-    cmd = [sys.executable, "-m", "collector", "--config", str(config_path), "--ready-file", str(ready)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "collector",
+        "--config",
+        str(config_path),
+        "--ready-file",
+        str(ready),
+    ]
     if bind is not None:
         cmd += ["--bind", bind]
     proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env={**os.environ, **(env or {})})

@@ -128,7 +128,10 @@ class Producer:
                 return
             if type(step) is not int or step < 0:
                 self._invalid += 1
-                self._warn_once(f"step:{type(step).__name__}", f"step must be a non-negative int, got {step!r}: call dropped")
+                self._warn_once(
+                    f"step:{type(step).__name__}",
+                    f"step must be a non-negative int, got {step!r}: call dropped",
+                )
                 return
             payload = dict(data)
             for name, value in payload.items():
@@ -142,7 +145,10 @@ class Producer:
             queue = self._queue
             if len(queue) >= self._max_pending:
                 self._dropped_full += 1
-                self._warn_once("full", f"{self._max_pending} log() calls are queued unsent; dropping (counted in stats())")
+                self._warn_once(
+                    "full",
+                    f"{self._max_pending} log() calls are queued unsent; dropping (counted in stats())",
+                )
                 return
             queue.append((LOG, step, time.time(), payload))
             self._logged += 1
@@ -204,7 +210,12 @@ class Producer:
         self._wake.set()
         self._sender.join(limit + 1.0)
         if self._sender.is_alive():
-            log.error("rlpulse producer %s/%s: sender did not stop within %.1fs; abandoned", self.role, self.rank, limit)
+            log.error(
+                "rlpulse producer %s/%s: sender did not stop within %.1fs; abandoned",
+                self.role,
+                self.rank,
+                limit,
+            )
 
     def __enter__(self) -> Producer:
         return self
@@ -232,8 +243,12 @@ class Producer:
         if key in self._warned:
             return
         self._warned.add(key)
-        log.warning("rlpulse producer %s/%s (pid %d): %s", self.role, self.rank, os.getpid(), message)
+        log.warning(
+            "rlpulse producer %s/%s (pid %d): %s", self.role, self.rank, os.getpid(), message
+        )
 
     def _note_error(self, where: str, exc: BaseException) -> None:
         self._errors += 1
-        self._warn_once(f"error:{where}:{type(exc).__name__}", f"{where} failed and was skipped: {exc!r}")
+        self._warn_once(
+            f"error:{where}:{type(exc).__name__}", f"{where} failed and was skipped: {exc!r}"
+        )

@@ -51,7 +51,12 @@ class PhaseNames:
 
     def gpu(self, when: str, state: str, stat: str, device: int) -> str:
         return MEMORY_GPU.format(
-            cluster=self.cluster, phase=self.phase, when=when, state=state, stat=stat, device_id=device
+            cluster=self.cluster,
+            phase=self.phase,
+            when=when,
+            state=state,
+            stat=stat,
+            device_id=device,
         )
 
 
@@ -86,7 +91,13 @@ class Phase:
             self._add_device(names, when, state, device, mem, fractions)
 
     def _add_device(
-        self, names: PhaseNames, when: str, state: str, device: int, mem: DeviceMemory, fractions: bool
+        self,
+        names: PhaseNames,
+        when: str,
+        state: str,
+        device: int,
+        mem: DeviceMemory,
+        fractions: bool,
     ) -> None:
         m = self._metrics
         m[names.gpu(when, state, "allocated", device)] = mem.allocated

@@ -57,7 +57,9 @@ def _scalar(value: Any, what: str) -> float:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise InvalidValue(f"{what} must be a single number, got a tensor of shape {tuple(value.shape)}")
+            raise InvalidValue(
+                f"{what} must be a single number, got a tensor of shape {tuple(value.shape)}"
+            )
         return float(value.detach().reshape(()).item())
     if isinstance(value, (np.ndarray, np.generic)):
         arr = np.asarray(value)

@@ -34,6 +34,8 @@ INVALID = object()
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
 """Heartbeats between re-registrations, so a restarted collector learns who we are."""
+CONNECT_GRACE_S = 0.5
+"""At close, how long a connection still being set up may take before we stop waiting."""
 _BIG_ENDIAN = sys.byteorder != "little"
 _FLOAT = (float, int)
 
@@ -87,7 +89,9 @@ class Sender(threading.Thread):
         self._socket = context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._monitor = self._socket.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        )
         self._connected = False
         self._socket.connect(address)
         self._context = context
@@ -104,7 +108,10 @@ class Sender(threading.Thread):
             self._socket.send(payload, zmq.NOBLOCK)
         except zmq.Again:
             self.counters.dropped_send += entries
-            self.warn_once("send", f"collector at {self.address} is not keeping up or not reachable; dropping (counted in stats())")
+            self.warn_once(
+                "send",
+                f"collector at {self.address} is not keeping up or not reachable; dropping (counted in stats())",
+            )
             return False
         except zmq.ZMQError as exc:
             self.counters.errors += 1
@@ -127,13 +134,15 @@ class Sender(threading.Thread):
             )
         )
 
-    def _watch_connection(self) -> None:
-        """Track whether a collector is connected, so close() need not linger for nobody."""
+    def _watch_connection(self, wait_s: float = 0.0) -> None:
+        """Track whether a collector is connected, so close() need not linger for nobody.
+        With ``wait_s``, give a connection still being set up that long to complete."""
+        deadline = time.monotonic() + wait_s
         while True:
-            try:
-                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            timeout_ms = 0 if self._connected else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._monitor.poll(timeout_ms):
                 return
+            frames = self._monitor.recv_multipart()
             event = int.from_bytes(frames[0][:2], "little")
             self._connected = event == zmq.EVENT_CONNECTED
 
@@ -155,7 +164,9 @@ class Sender(threading.Thread):
         for name, v in payload.items():
             if type(name) is not str or not name:
                 c.invalid += 1
-                self.warn_once(f"name:{name!r}", f"metric names must be non-empty strings, got {name!r}")
+                self.warn_once(
+                    f"name:{name!r}", f"metric names must be non-empty strings, got {name!r}"
+                )
                 continue
             if v is INVALID:
                 continue
@@ -178,7 +189,10 @@ class Sender(threading.Thread):
                 if code == Reduction.LAST and w != 1.0:
                     if w:
                         c.invalid += 1
-                        self.warn_once(f"last:{name}", f"{name} keeps the last value: log a single number, not {w:g} samples")
+                        self.warn_once(
+                            f"last:{name}",
+                            f"{name} keeps the last value: log a single number, not {w:g} samples",
+                        )
                     continue
                 vals.extend((s, w, mn, mx))
             names.append(name)
@@ -200,7 +214,9 @@ class Sender(threading.Thread):
                     entry = self._entry(item[1], item[2], item[3])
                 except Exception as exc:  # never let one bad value kill the thread
                     self.counters.errors += 1
-                    self.warn_once(f"encode:{type(exc).__name__}", f"could not encode a log() call: {exc}")
+                    self.warn_once(
+                        f"encode:{type(exc).__name__}", f"could not encode a log() call: {exc}"
+                    )
                     continue
                 if entry is not None:
                     entries.append(entry)
@@ -219,7 +235,9 @@ class Sender(threading.Thread):
 
     def _flush_entries(self, entries: list[list]) -> None:
         if entries:
-            self._send(protocol.encode_metrics(self.producer_id, self._next_seq(), entries), len(entries))
+            self._send(
+                protocol.encode_metrics(self.producer_id, self._next_seq(), entries), len(entries)
+            )
 
     # ------------------------------------------------------------------ the loop
 
@@ -237,7 +255,9 @@ class Sender(threading.Thread):
                     beats += 1
                     if beats % HELLO_EVERY == 0:
                         self._hello()
-                    self._send(protocol.encode_heartbeat(self.producer_id, self._next_seq(), self.stats()))
+                    self._send(
+                        protocol.encode_heartbeat(self.producer_id, self._next_seq(), self.stats())
+                    )
                     next_beat = time.monotonic() + self.heartbeat_s
             self._drain()
             self._send(protocol.encode_bye(self.producer_id, self._next_seq(), self.stats()))
@@ -247,7 +267,7 @@ class Sender(threading.Thread):
         finally:
             # Bounded: pyzmq's default LINGER of -1 would hang here with messages unsent.
             # With no collector connected there is nobody to linger for.
-            self._watch_connection()
+            self._watch_connection(wait_s=min(self.close_timeout_s, CONNECT_GRACE_S))
             linger = int(self.close_timeout_s * 1000) if self._connected else 0
             self._socket.setsockopt(zmq.LINGER, linger)
             self._socket.disable_monitor()

@@ -33,29 +33,42 @@ def _family(name: str, unit: str, help: str, fmt: str = "{name}/{stat}") -> Entr
 
 # Validation
 VAL_SCORE = _family(
-    "val/score", "score", "Score of one validation episode on held-out prompts; pooled over episodes."
+    "val/score",
+    "score",
+    "Score of one validation episode on held-out prompts; pooled over episodes.",
 )
 
 # Value function
-CRITIC_LR = Entry("critic/lr", LAST, "1", "Critic optimizer learning rate (the same on every rank).")
+CRITIC_LR = Entry(
+    "critic/lr", LAST, "1", "Critic optimizer learning rate (the same on every rank)."
+)
 CRITIC_LOSS = Entry(
-    "critic/loss", MEAN, "1",
+    "critic/loss",
+    MEAN,
+    "1",
     "Value loss (clipped when value clipping is on), token-weighted across ranks.",
 )
 CRITIC_VALUE = Entry(
-    "critic/value", MEAN, "1",
+    "critic/value",
+    MEAN,
+    "1",
     "Value predicted by the old critic when the batch was collected, token-weighted mean.",
 )
 CRITIC_VPRED = Entry(
     "critic/vpred", MEAN, "1", "Value predicted by the critic being optimised, token-weighted mean."
 )
 CRITIC_CLIPFRAC = Entry(
-    "critic/clipfrac", FRACTION, "ratio",
+    "critic/clipfrac",
+    FRACTION,
+    "ratio",
     "Fraction of value tokens where the clipped value loss was the active branch "
     "(0 when value clipping is off: unlike ROLL, never the loss).",
 )
 CRITIC_ERROR = Entry(
-    "critic/error", MEAN, "1", "Squared error between predicted value and return, token-weighted mean."
+    "critic/error",
+    MEAN,
+    "1",
+    "Squared error between predicted value and return, token-weighted mean.",
 )
 
 # Rewards and advantages
@@ -74,48 +87,73 @@ PROMPT_LENGTH = _family("tokens/prompt_length", "tokens", "Length of one prompt 
 # Policy
 ACTOR_LR = Entry("actor/lr", LAST, "1", "Actor optimizer learning rate (the same on every rank).")
 ACTOR_PPO_RATIO_HIGH_CLIPFRAC = Entry(
-    "actor/ppo_ratio_high_clipfrac", FRACTION, "ratio",
+    "actor/ppo_ratio_high_clipfrac",
+    FRACTION,
+    "ratio",
     "Fraction of response tokens whose ratio exceeds 1 + clip_high.",
 )
 ACTOR_PPO_RATIO_LOW_CLIPFRAC = Entry(
-    "actor/ppo_ratio_low_clipfrac", FRACTION, "ratio",
+    "actor/ppo_ratio_low_clipfrac",
+    FRACTION,
+    "ratio",
     "Fraction of response tokens whose ratio is below 1 - clip_low.",
 )
 ACTOR_PPO_RATIO_CLIPFRAC = Entry(
-    "actor/ppo_ratio_clipfrac", FRACTION, "ratio",
+    "actor/ppo_ratio_clipfrac",
+    FRACTION,
+    "ratio",
     "Fraction of response tokens whose ratio is outside [1 - clip_low, 1 + clip_high].",
 )
 ACTOR_RATIO = _family(
-    "actor/ratio", "ratio", "Importance ratio exp(logp - logp_old) of one response token.", UNDERSCORE
+    "actor/ratio",
+    "ratio",
+    "Importance ratio exp(logp - logp_old) of one response token.",
+    UNDERSCORE,
 )
 ACTOR_CLIPFRAC = Entry(
-    "actor/clipfrac", FRACTION, "ratio",
+    "actor/clipfrac",
+    FRACTION,
+    "ratio",
     "Fraction of response tokens where the clipped surrogate was the active branch.",
 )
 ACTOR_KL_LOSS = Entry(
-    "actor/kl_loss", MEAN, "nats",
+    "actor/kl_loss",
+    MEAN,
+    "nats",
     "KL penalty to the reference policy (k3 estimator), token-weighted mean.",
 )
 ACTOR_TOTAL_LOSS = Entry(
-    "actor/total_loss", MEAN, "1",
+    "actor/total_loss",
+    MEAN,
+    "1",
     "The loss back-propagated: policy-gradient loss plus the KL and entropy terms.",
 )
 ACTOR_APPROXKL = Entry(
-    "actor/approxkl", MEAN, "nats",
+    "actor/approxkl",
+    MEAN,
+    "nats",
     "Approximate KL to the old policy, 0.5 * (logp - logp_old)^2, token-weighted mean.",
 )
 ACTOR_POLICYKL = Entry(
-    "actor/policykl", MEAN, "nats",
+    "actor/policykl",
+    MEAN,
+    "nats",
     "KL to the old policy estimated as logp_old - logp, token-weighted mean.",
 )
 
 # Evaluation views of the batch
 CRITIC_REF_LOG_PROB = Entry(
-    "critic/ref_log_prob", MEAN, "nats", "Reference model log-probability per response token.",
+    "critic/ref_log_prob",
+    MEAN,
+    "nats",
+    "Reference model log-probability per response token.",
     outputs=(Stat.MEAN,),
 )
 CRITIC_OLD_LOG_PROB = Entry(
-    "critic/old_log_prob", MEAN, "nats", "Old (pre-update) policy log-probability per response token.",
+    "critic/old_log_prob",
+    MEAN,
+    "nats",
+    "Old (pre-update) policy log-probability per response token.",
     outputs=(Stat.MEAN,),
 )
 CRITIC_ENTROPY = Entry(
@@ -130,17 +168,25 @@ ACTOR_PG_LOSS = Entry(
     "actor/pg_loss", MEAN, "1", "Clipped policy-gradient loss, token-weighted across ranks."
 )
 ACTOR_WEIGHTED_PG_LOSS = Entry(
-    "actor/weighted_pg_loss", MEAN, "1",
+    "actor/weighted_pg_loss",
+    MEAN,
+    "1",
     "Policy-gradient loss with each sample scaled by its sample weight, token-weighted.",
 )
 ACTOR_VALID_SAMPLES = Entry(
-    "actor/valid_samples", SUM, "samples", "Samples that passed the validity filter, summed over ranks."
+    "actor/valid_samples",
+    SUM,
+    "samples",
+    "Samples that passed the validity filter, summed over ranks.",
 )
 ACTOR_TOTAL_SAMPLES = Entry(
     "actor/total_samples", SUM, "samples", "Samples in the training batch, summed over ranks."
 )
 ACTOR_VALID_SAMPLE_RATIO = Entry(
-    "actor/valid_sample_ratio", FRACTION, "ratio", "Valid samples over all samples, pooled over ranks."
+    "actor/valid_sample_ratio",
+    FRACTION,
+    "ratio",
+    "Valid samples over all samples, pooled over ranks.",
 )
 ACTOR_SAMPLE_WEIGHTS = _family(
     "actor/sample_weights", "1", "Weight of one training sample.", UNDERSCORE
@@ -151,52 +197,73 @@ ACTOR_SFT_LOSS = Entry(
     "actor/sft_loss", MEAN, "nats", "Negative log-likelihood on all SFT tokens, token-weighted."
 )
 ACTOR_POSITIVE_SFT_LOSS = Entry(
-    "actor/positive_sft_loss", MEAN, "nats",
+    "actor/positive_sft_loss",
+    MEAN,
+    "nats",
     "Negative log-likelihood on tokens of positively rewarded samples, token-weighted.",
 )
 ACTOR_NEGATIVE_SFT_LOSS = Entry(
-    "actor/negative_sft_loss", MEAN, "nats",
+    "actor/negative_sft_loss",
+    MEAN,
+    "nats",
     "Negative log-likelihood on tokens of non-positively rewarded samples, token-weighted.",
 )
 
 # System throughput: producers log the step's tokens and samples, the collector derives the rest.
 SYSTEM_STEP_TOKENS = Entry(
-    "system/step_tokens", SUM, "tokens",
+    "system/step_tokens",
+    SUM,
+    "tokens",
     "Tokens in the training batch (attention-mask sum) processed by this rank in this step. "
     "Log it from the ranks that train the policy only, each for its own shard.",
 )
 SYSTEM_STEP_SAMPLES = Entry(
-    "system/step_samples", SUM, "samples",
+    "system/step_samples",
+    SUM,
+    "samples",
     "Samples this rank trained on in this step (its own shard).",
 )
 SYSTEM_TPS = Entry(
-    "system/tps", SUM, "tokens/s",
+    "system/tps",
+    SUM,
+    "tokens/s",
     "system/step_tokens summed over ranks and over the last tps_window steps, divided by the "
     "wall time of those steps. A step's wall time runs from the end of the previous step to its "
     "own end, a step ending at the latest log() timestamp of any rank. Computed by the collector.",
     derived=True,
 )
 SYSTEM_SAMPLES = Entry(
-    "system/samples", SUM, "samples",
+    "system/samples",
+    SUM,
+    "samples",
     "Samples actually trained on since the run started (cumulative system/step_samples). "
     "Computed by the collector.",
-    derived=True, cumulative=True,
+    derived=True,
+    cumulative=True,
 )
 SYSTEM_TOKENS = Entry(
-    "system/tokens", SUM, "tokens",
+    "system/tokens",
+    SUM,
+    "tokens",
     "Tokens trained on since the run started (cumulative system/step_tokens). "
     "Computed by the collector.",
-    derived=True, cumulative=True,
+    derived=True,
+    cumulative=True,
 )
 
 # Driver stage timings
 TIME_ROLLOUT = Entry("time/rollout", MAX, "s", "Driver seconds spent collecting rollouts.")
 TIME_REF_LOG_PROBS_VALUES_REWARD = Entry(
-    "time/ref_log_probs_values_reward", MAX, "s",
+    "time/ref_log_probs_values_reward",
+    MAX,
+    "s",
     "Driver seconds computing reference log-probs, values and rewards.",
 )
 TIME_OLD_LOG_PROBS_VALUES = Entry(
-    "time/old_log_probs_values", MAX, "s", "Driver seconds computing old-policy log-probs and values."
+    "time/old_log_probs_values",
+    MAX,
+    "s",
+    "Driver seconds computing old-policy log-probs and values.",
 )
 TIME_ADV = Entry("time/adv", MAX, "s", "Driver seconds computing advantages.")
 
@@ -211,7 +278,9 @@ PHASES = (
     "compute_rewards",
 )
 TIME_PHASE = Template(
-    "time/{cluster}/{phase}/{part}", MAX, "s",
+    "time/{cluster}/{phase}/{part}",
+    MAX,
+    "s",
     "Seconds a rank spent in a phase: total, the work itself (execute), and loading (onload) "
     "and unloading (offload) model state; the maximum across ranks.",
     choices={"part": ("total", "execute", "onload", "offload")},
@@ -219,7 +288,9 @@ TIME_PHASE = Template(
 _GPU_STATS = ("allocated", "reserved", "max_allocated", "max_reserved")
 _FRAC_STATS = ("max_allocated_frac", "max_reserved_frac")
 MEMORY_GPU = Template(
-    "memory/{cluster}/{phase}/{when}/{state}/{stat}/{device_id}", MAX, "GiB",
+    "memory/{cluster}/{phase}/{when}/{state}/{stat}/{device_id}",
+    MAX,
+    "GiB",
     "GPU memory on one worker-local device at a phase boundary (torch.cuda statistics; max_* "
     "since the phase began); the maximum across ranks. start/offload: before loading state, "
     "start/onload: after loading, end/onload: after the work, end/offload: after unloading.",
@@ -231,10 +302,60 @@ MEMORY_GPU = Template(
     units={"stat=max_allocated_frac": "ratio", "stat=max_reserved_frac": "ratio"},
 )
 MEMORY_CPU = Template(
-    "memory/cpu/{cluster}/{phase}/{when}/{kind}", MAX, "GiB",
+    "memory/cpu/{cluster}/{phase}/{when}/{kind}",
+    MAX,
+    "GiB",
     "Resident (rss) and virtual (vms) memory of the worker process at the start and end of a "
     "phase (psutil); the maximum across ranks.",
     choices={"when": ("start", "end"), "kind": ("rss", "vms")},
+)
+
+# Evaluation views (emitted by trainer/)
+VAL_ACCURACY = Entry(
+    "val/accuracy",
+    FRACTION,
+    "ratio",
+    "Task accuracy: share of held-out validation prompts answered exactly.",
+)
+VAL_DISTINCT_1 = Entry(
+    "val/distinct_1",
+    FRACTION,
+    "ratio",
+    "Response diversity: distinct unigrams over all unigrams across the validation responses "
+    "(computed in one place, the driver; 1 means nothing repeats).",
+)
+VAL_DISTINCT_2 = Entry(
+    "val/distinct_2",
+    FRACTION,
+    "ratio",
+    "Response diversity: distinct bigrams over all bigrams across the validation responses "
+    "(computed in one place, the driver).",
+)
+VAL_REPETITION_RATE = Entry(
+    "val/repetition_rate",
+    FRACTION,
+    "ratio",
+    "Share of bigrams in a validation response that repeat an earlier bigram of the same "
+    "response, pooled over responses.",
+)
+CRITIC_ACCURACY = Entry(
+    "critic/accuracy",
+    FRACTION,
+    "ratio",
+    "Task accuracy of the training rollouts: share of responses whose answer is exactly right.",
+)
+ACTOR_KL_COEF = Entry(
+    "actor/kl_coef",
+    LAST,
+    "1",
+    "KL penalty coefficient used this step (the adaptive KL controller's current value).",
+)
+ACTOR_REF_KL = Entry(
+    "actor/ref_kl",
+    MEAN,
+    "nats",
+    "KL of the rollout (old) policy to the reference, logp_old - logp_ref per response token, "
+    "token-weighted mean: the adaptive KL controller's input.",
 )
 
 ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))

@@ -185,14 +185,19 @@ def _no_ext(code: int, data: bytes) -> None:
 def _int(obj: Mapping, key: str, what: str, lo: int = 0, hi: int = _MAX_U63) -> int:
     value = obj.get(key)
     if type(value) is not int or not lo <= value <= hi:
-        raise SchemaError("bad_field", f"{what} ({key!r}) must be an integer in [{lo}, {hi}], got {value!r:.80}")
+        raise SchemaError(
+            "bad_field", f"{what} ({key!r}) must be an integer in [{lo}, {hi}], got {value!r:.80}"
+        )
     return value
 
 
 def _str(obj: Mapping, key: str, what: str, limit: int) -> str:
     value = obj.get(key)
     if type(value) is not str or not 0 < len(value) <= limit:
-        raise SchemaError("bad_field", f"{what} ({key!r}) must be a non-empty string of at most {limit} characters, got {value!r:.80}")
+        raise SchemaError(
+            "bad_field",
+            f"{what} ({key!r}) must be a non-empty string of at most {limit} characters, got {value!r:.80}",
+        )
     return value
 
 
@@ -204,35 +209,52 @@ def _stats(obj: Mapping) -> dict[str, int]:
     for key in STAT_KEYS:
         value = raw.get(key, 0)
         if type(value) is not int or value < 0:
-            raise SchemaError("bad_field", f"stat {key!r} must be a non-negative integer, got {value!r:.80}")
+            raise SchemaError(
+                "bad_field", f"stat {key!r} must be a non-negative integer, got {value!r:.80}"
+            )
         out[key] = value
     return out
 
 
 def _entry(raw: object, limits: Limits) -> Entry:
     if not isinstance(raw, list) or len(raw) != 6:
-        raise SchemaError("bad_entry", "an entry must be a list [step, time, names, kinds, values, nonfinite]")
+        raise SchemaError(
+            "bad_entry", "an entry must be a list [step, time, names, kinds, values, nonfinite]"
+        )
     step, t, names, kinds, values, nonfinite = raw
     if type(step) is not int or not 0 <= step <= _MAX_U63:
         raise SchemaError("bad_step", f"step must be a non-negative integer, got {step!r:.80}")
     if type(t) not in (float, int) or not math.isfinite(t):
         raise SchemaError("bad_entry", f"entry time must be a finite number, got {t!r:.80}")
     if not isinstance(names, list) or len(names) > limits.max_names:
-        raise SchemaError("bad_names", f"names must be a list of at most {limits.max_names} strings")
+        raise SchemaError(
+            "bad_names", f"names must be a list of at most {limits.max_names} strings"
+        )
     for name in names:
         if type(name) is not str or not 0 < len(name) <= limits.max_name_length:
-            raise SchemaError("bad_names", f"metric name must be a string of 1..{limits.max_name_length} characters, got {name!r:.80}")
+            raise SchemaError(
+                "bad_names",
+                f"metric name must be a string of 1..{limits.max_name_length} characters, got {name!r:.80}",
+            )
     if len(set(names)) != len(names):
         raise SchemaError("bad_names", "an entry names the same metric twice")
     n = len(names)
     if type(kinds) is not bytes or len(kinds) != n or not set(kinds) <= _KIND_CODES:
-        raise SchemaError("bad_kinds", f"kinds must be {n} bytes, each a reduction code in {sorted(_KIND_CODES)}")
+        raise SchemaError(
+            "bad_kinds", f"kinds must be {n} bytes, each a reduction code in {sorted(_KIND_CODES)}"
+        )
     if type(values) is not bytes or len(values) != n * _ROW_BYTES:
-        raise SchemaError("bad_values", f"values must be {n * _ROW_BYTES} bytes (4 float64 per name), got {len(values) if isinstance(values, bytes) else type(values).__name__}")
+        raise SchemaError(
+            "bad_values",
+            f"values must be {n * _ROW_BYTES} bytes (4 float64 per name), got {len(values) if isinstance(values, bytes) else type(values).__name__}",
+        )
     rows = np.frombuffer(values, dtype="<f8").reshape(n, WIDTH)
     if n:
         if not np.isfinite(rows[:, :MIN]).all():
-            raise SchemaError("bad_values", "sum and weight must be finite (NaN/Inf samples are dropped by the producer)")
+            raise SchemaError(
+                "bad_values",
+                "sum and weight must be finite (NaN/Inf samples are dropped by the producer)",
+            )
         if (rows[:, WEIGHT] < 0).any():
             raise SchemaError("bad_values", "weight must not be negative")
         extremes = rows[:, MIN:]
@@ -243,7 +265,12 @@ def _entry(raw: object, limits: Limits) -> Entry:
     if not isinstance(nonfinite, dict):
         raise SchemaError("bad_entry", "nonfinite must be a map of name to count")
     for key, count in nonfinite.items():
-        if type(key) is not str or len(key) > limits.max_name_length or type(count) is not int or count < 0:
+        if (
+            type(key) is not str
+            or len(key) > limits.max_name_length
+            or type(count) is not int
+            or count < 0
+        ):
             raise SchemaError("bad_entry", "nonfinite must map metric names to non-negative counts")
     return Entry(step, float(t), tuple(names), kinds, rows, nonfinite)
 
@@ -251,7 +278,9 @@ def _entry(raw: object, limits: Limits) -> Entry:
 def decode(buf: bytes, limits: Limits = Limits()) -> Message:
     """Parse and validate one message; raise :class:`SchemaError` saying what is wrong."""
     if len(buf) > limits.max_bytes:
-        raise SchemaError("oversized", f"message of {len(buf)} bytes exceeds the limit of {limits.max_bytes}")
+        raise SchemaError(
+            "oversized", f"message of {len(buf)} bytes exceeds the limit of {limits.max_bytes}"
+        )
     try:
         obj = msgpack.unpackb(
             buf,
@@ -263,19 +292,26 @@ def decode(buf: bytes, limits: Limits = Limits()) -> Message:
     except SchemaError:
         raise
     except Exception as exc:  # msgpack raises many types for garbage
-        raise SchemaError("bad_msgpack", f"not a msgpack document: {type(exc).__name__}: {exc}"[:200]) from None
+        raise SchemaError(
+            "bad_msgpack", f"not a msgpack document: {type(exc).__name__}: {exc}"[:200]
+        ) from None
     if not isinstance(obj, dict):
         raise SchemaError("bad_envelope", f"a message must be a map, got {type(obj).__name__}")
     version = obj.get("v")
     if version != VERSION or type(version) is not int:
-        raise SchemaError("bad_version", f"protocol version {version!r:.40} is not supported (this collector speaks {VERSION})")
+        raise SchemaError(
+            "bad_version",
+            f"protocol version {version!r:.40} is not supported (this collector speaks {VERSION})",
+        )
     kind = obj.get("t")
     producer = _int(obj, "p", "producer id")
     seq = _int(obj, "q", "sequence number")
     if kind == METRICS:
         raw = obj.get("e")
         if not isinstance(raw, list) or not 0 < len(raw) <= limits.max_entries:
-            raise SchemaError("bad_envelope", f"'e' must be a list of 1..{limits.max_entries} entries")
+            raise SchemaError(
+                "bad_envelope", f"'e' must be a list of 1..{limits.max_entries} entries"
+            )
         return Metrics(producer, seq, tuple(_entry(e, limits) for e in raw))
     if kind == HELLO:
         lab = limits.max_label_length
@@ -290,7 +326,9 @@ def decode(buf: bytes, limits: Limits = Limits()) -> Message:
             pid=_int(obj, "pid", "process id"),
         )
         if hello.rank >= hello.world_size:
-            raise SchemaError("bad_field", f"rank {hello.rank} is not below world size {hello.world_size}")
+            raise SchemaError(
+                "bad_field", f"rank {hello.rank} is not below world size {hello.world_size}"
+            )
         return hello
     if kind == DONE:
         return Done(producer, seq, _int(obj, "s", "step"))

@@ -21,7 +21,7 @@ class StepRecord:
 
     ``metrics`` maps reported names to values pooled over every rank that logged them.
     ``partial`` is true when an expected rank did not finish the step before it was emitted;
-    ``missing`` names those ranks as ``role/rank``. ``ranks`` counts the producers whose data
+    ``missing`` names those ranks as ``role/rank`` (such a rank may have sent part of its data). ``ranks`` counts the producers whose data
     is in the step. ``nonfinite`` counts NaN/Inf samples producers dropped, by metric.
     ``time`` is the step's end on the producers' wall clock (the latest ``log()`` of any rank).
     ``roles`` maps each reported name to the role that logged it (several joined by ``+``);

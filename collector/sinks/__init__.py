@@ -24,7 +24,9 @@ def build_sink(name: str, kwargs: Mapping[str, Any], ctx: SinkContext) -> Sink:
     """Construct the sink registered as ``name``; raise ConfigError for unknown names."""
     target = SINKS.get(name)
     if target is None:
-        raise ConfigError("track_with", f"unknown tracker; choose from {', '.join(sorted(SINKS))}", name)
+        raise ConfigError(
+            "track_with", f"unknown tracker; choose from {', '.join(sorted(SINKS))}", name
+        )
     module_name, _, class_name = target.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, class_name).from_kwargs(kwargs, ctx)

@@ -40,7 +40,9 @@ class JsonlSink:
             raise ConfigError(f"tracker_kwargs.jsonl.{unknown[0]}", "unknown key; jsonl takes path")
         path = kwargs.get("path")
         if not isinstance(path, str) or not path:
-            raise ConfigError("tracker_kwargs.jsonl.path", "is required: the file to append steps to", path)
+            raise ConfigError(
+                "tracker_kwargs.jsonl.path", "is required: the file to append steps to", path
+            )
         return cls(path)
 
     def open(self) -> None:
@@ -50,13 +52,19 @@ class JsonlSink:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
         except OSError as exc:
-            raise ConfigError("tracker_kwargs.jsonl.path", f"cannot open for appending: {exc.strerror}", str(self.path)) from None
+            raise ConfigError(
+                "tracker_kwargs.jsonl.path",
+                f"cannot open for appending: {exc.strerror}",
+                str(self.path),
+            ) from None
 
     def write(self, record: StepRecord) -> None:
         if self._file is None:
             self.open()
         assert self._file is not None
-        self._file.write(json.dumps(record.to_json(), allow_nan=False, separators=(",", ":")) + "\n")
+        self._file.write(
+            json.dumps(record.to_json(), allow_nan=False, separators=(",", ":")) + "\n"
+        )
         self._file.flush()
 
     def close(self) -> None:

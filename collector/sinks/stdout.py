@@ -1,9 +1,12 @@
-"""``stdout``: a readable block per step, metrics grouped by family (the name's first part).
+"""``stdout``: a readable block per step, metrics grouped by family.
+
+A family is a name's first part for two-part names (``actor/pg_loss`` is in ``actor``), and
+everything but the last part for longer ones (``critic/score/mean`` is in ``critic/score``)::
 
     step 12  run ppo-demo  8 ranks
-      actor   clipfrac=0.0213  pg_loss=-0.0041  ...
-      critic  score/mean=0.625  ...
-      system  samples=384  tps=1520
+      actor                         clipfrac=0.0213  pg_loss=-0.0041
+      critic/score                  max=1  mean=0.625  min=0
+      time/actor_train/train_step   execute=1.52  total=1.61
 """
 
 from __future__ import annotations
@@ -45,10 +48,14 @@ class StdoutSink:
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> StdoutSink:
         unknown = sorted(set(kwargs) - {"max_per_line"})
         if unknown:
-            raise ConfigError(f"tracker_kwargs.stdout.{unknown[0]}", "unknown key; stdout takes max_per_line")
+            raise ConfigError(
+                f"tracker_kwargs.stdout.{unknown[0]}", "unknown key; stdout takes max_per_line"
+            )
         per_line = kwargs.get("max_per_line", 6)
         if not isinstance(per_line, int) or per_line < 1:
-            raise ConfigError("tracker_kwargs.stdout.max_per_line", "must be a positive integer", per_line)
+            raise ConfigError(
+                "tracker_kwargs.stdout.max_per_line", "must be a positive integer", per_line
+            )
         return cls(max_per_line=per_line)
 
     def open(self) -> None:
@@ -61,7 +68,7 @@ class StdoutSink:
         lines = [head]
         families: dict[str, list[str]] = defaultdict(list)
         for name in sorted(record.metrics):
-            family, _, rest = name.partition("/")
+            family, _, rest = name.rpartition("/") if name.count("/") >= 2 else name.partition("/")
             families[family].append(f"{rest or family}={_number(record.metrics[name])}")
         width = max((len(f) for f in families), default=0)
         for family, items in families.items():

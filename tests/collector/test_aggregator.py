@@ -1,0 +1,225 @@
+"""Steps are emitted once, exactly pooled, when every expected rank is done, or flagged partial."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collector.aggregator import Aggregator
+from schemas import Summary
+from schemas import metrics as M
+from schemas import protocol as P
+from schemas.record import StepRecord
+from tests.collector.helpers import hello, metrics
+
+ADV = M.CRITIC_ADVANTAGES.name
+LOSS = M.ACTOR_PG_LOSS.name
+
+
+class Harness:
+    def __init__(self, **kwargs) -> None:
+        self.records: list[StepRecord] = []
+        self.agg = Aggregator(
+            self.records.append, **{"grace_s": 30.0, "liveness_s": 10.0, **kwargs}
+        )
+        self.now = 0.0
+
+    def send(self, *msgs: P.Message) -> None:
+        for m in msgs:
+            self.agg.handle(m, self.now)
+        self.agg.poll(self.now)
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.agg.poll(self.now)
+
+    def steps(self) -> list[int]:
+        return [r.step for r in self.records]
+
+
+def test_ragged_ranks_pool_exactly_against_numpy() -> None:
+    h = Harness()
+    rng = np.random.default_rng(3)
+    data = {
+        0: rng.normal(2, 1, 7),
+        1: rng.normal(-1, 3, 3000),
+        2: np.array([]),
+        3: np.array([np.nan, 4.0]),
+    }
+    h.send(*(hello(10 + r, rank=r, ws=4) for r in range(4)))
+    for r, values in data.items():
+        h.send(
+            metrics(
+                10 + r,
+                0,
+                {ADV: Summary.of_samples(values), LOSS: Summary.of_weighted(float(r), len(values))},
+            )
+        )
+    assert h.records == []
+    h.send(*(P.Done(10 + r, 2, 0) for r in range(4)))
+    (rec,) = h.records
+    pooled = np.concatenate([v[np.isfinite(v)] for v in data.values()])
+    assert rec.metrics["critic/advantages/mean"] == pytest.approx(pooled.mean(), rel=1e-12)
+    assert rec.metrics["critic/advantages/max"] == pooled.max()
+    assert rec.metrics["critic/advantages/min"] == pooled.min()
+    weights = np.array([len(v) for v in data.values()])
+    assert rec.metrics[LOSS] == pytest.approx((np.arange(4) * weights).sum() / weights.sum())
+    assert not rec.partial and rec.ranks == 4
+
+
+def test_waits_for_world_size_not_just_the_ranks_seen() -> None:
+    h = Harness(liveness_s=1000)
+    h.send(hello(1, rank=0, ws=2), metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))
+    assert h.records == []  # rank 1 never registered: step 0 is not complete
+    h.send(hello(2, rank=1, ws=2), metrics(2, 0, {LOSS: 3.0}), metrics(2, 1, {LOSS: 3.0}))
+    assert h.steps() == [0] and h.records[0].metrics[LOSS] == 2.0
+
+
+def test_every_role_must_finish() -> None:
+    h = Harness()
+    h.send(hello(1, role="actor_train"), hello(2, role="critic"))
+    h.send(metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))
+    assert h.records == []
+    h.send(metrics(2, 0, {M.CRITIC_LOSS.name: 0.5}), P.Done(2, 3, 0))
+    assert h.steps() == [0] and set(h.records[0].roles.values()) == {"actor_train", "critic"}
+
+
+def test_grace_period_emits_partial_naming_the_missing_rank() -> None:
+    h = Harness(grace_s=5, liveness_s=1000)
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    h.send(metrics(1, 0, {LOSS: 1.0}), metrics(2, 0, {LOSS: 3.0}), metrics(1, 1, {LOSS: 1.0}))
+    h.tick(4.9)
+    assert h.records == []
+    h.tick(0.2)
+    (rec,) = h.records
+    assert rec.partial and rec.missing == ("actor_train/1",) and rec.metrics[LOSS] == 2.0
+
+
+def test_silent_producer_is_presumed_dead_after_liveness() -> None:
+    h = Harness(grace_s=1000, liveness_s=10)
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2), metrics(2, 0, {LOSS: 3.0}))
+    for step in range(4):
+        h.tick(4)
+        h.send(metrics(1, step, {LOSS: 1.0}), P.Heartbeat(1, 9, {}))
+    assert h.steps() == [0, 1, 2]  # rank 1 silent since t=0, gone at t=10
+    assert all(r.partial and r.missing == ("actor_train/1",) for r in h.records)
+
+
+def test_late_data_is_counted_not_merged() -> None:
+    h = Harness()
+    h.send(hello(1), metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))
+    assert h.steps() == [0]
+    h.send(metrics(1, 0, {LOSS: 100.0}))
+    assert h.agg.health.late == 1 and h.steps() == [0]
+
+
+def test_each_step_emitted_once_and_in_order() -> None:
+    h = Harness()
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    for step in range(5):
+        h.send(metrics(1, step, {LOSS: 1.0}))
+    for step in range(5):
+        h.send(metrics(2, step, {LOSS: 1.0}))
+    h.send(P.Bye(1, 9, {}), P.Bye(2, 9, {}))
+    assert h.steps() == [0, 1, 2, 3, 4]
+
+
+def test_several_log_calls_of_one_step_merge() -> None:
+    h = Harness()
+    h.send(
+        hello(1),
+        metrics(1, 0, {ADV: Summary.of_samples([1, 2])}),
+        metrics(1, 0, {ADV: Summary.of_samples([6]), LOSS: 2.0}),
+        P.Done(1, 2, 0),
+    )
+    assert (
+        h.records[0].metrics["critic/advantages/mean"] == 3.0 and h.records[0].metrics[LOSS] == 2.0
+    )
+
+
+def test_last_keeps_the_latest_and_max_takes_the_slowest_rank() -> None:
+    h = Harness()
+    t = M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part="total")
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    h.send(
+        metrics(1, 0, {M.ACTOR_LR.name: 1e-5, t: 2.0}),
+        metrics(2, 0, {M.ACTOR_LR.name: 2e-5, t: 7.0}),
+    )
+    h.send(P.Done(1, 3, 0), P.Done(2, 3, 0))
+    assert h.records[0].metrics[M.ACTOR_LR.name] == 2e-5 and h.records[0].metrics[t] == 7.0
+
+
+def test_throughput_and_cumulative_samples() -> None:
+    h = Harness(tps_window=2)
+    tok, smp = M.SYSTEM_STEP_TOKENS.name, M.SYSTEM_STEP_SAMPLES.name
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    ends = [10.0, 12.0, 16.0, 17.0]
+    for step, end in enumerate(ends):
+        h.send(
+            metrics(1, step, {tok: 100, smp: 3}, t=end - 0.5),
+            metrics(2, step, {tok: 300, smp: 5}, t=end),
+        )
+        h.send(P.Done(1, 5, step), P.Done(2, 5, step))
+    r = {rec.step: rec.metrics for rec in h.records}
+    assert M.SYSTEM_TPS.name not in r[0]  # no previous step end to measure from
+    assert r[1][M.SYSTEM_TPS.name] == pytest.approx(400 / 2.0)
+    assert r[2][M.SYSTEM_TPS.name] == pytest.approx(800 / 6.0)  # window of 2 steps
+    assert r[3][M.SYSTEM_TPS.name] == pytest.approx(800 / 5.0)
+    assert [r[s][M.SYSTEM_SAMPLES.name] for s in range(4)] == [8, 16, 24, 32]
+    assert r[3][M.SYSTEM_TOKENS.name] == 1600
+
+
+def test_derived_names_logged_by_a_producer_are_dropped() -> None:
+    h = Harness()
+    h.send(hello(1), metrics(1, 0, {M.SYSTEM_TPS.name: 1e9, LOSS: 1.0}), P.Done(1, 2, 0))
+    assert M.SYSTEM_TPS.name not in h.records[0].metrics and h.agg.health.derived_logged == 1
+
+
+def test_messages_before_hello_are_held_and_replayed() -> None:
+    h = Harness()
+    h.send(metrics(1, 0, {LOSS: 4.0}), P.Done(1, 1, 0))
+    assert h.records == []
+    h.send(hello(1))
+    assert h.records[0].metrics[LOSS] == 4.0
+
+
+def test_restarted_worker_takes_over_its_slot() -> None:
+    h = Harness()
+    h.send(hello(1, rank=0, ws=1), metrics(1, 0, {LOSS: 1.0}))
+    h.send(hello(2, rank=0, ws=1), metrics(2, 0, {LOSS: 3.0}), P.Done(2, 1, 0))
+    assert h.records[0].metrics[LOSS] == 2.0 and not h.records[0].partial
+
+
+def test_too_many_open_steps_emit_the_oldest() -> None:
+    h = Harness(max_open_steps=3, liveness_s=1000)
+    h.send(hello(1, rank=0, ws=2))
+    for step in range(6):
+        h.send(metrics(1, step, {LOSS: 1.0}))
+    assert h.steps() == [0, 1, 2] and all(r.partial for r in h.records)
+
+
+def test_name_cardinality_is_bounded() -> None:
+    h = Harness(max_names_per_run=5)
+    h.send(hello(1), metrics(1, 0, {f"n{i}": 1.0 for i in range(8)}), P.Done(1, 2, 0))
+    assert len(h.records[0].metrics) == 5 and h.agg.health.names_overflow == 3
+
+
+def test_flush_emits_open_steps() -> None:
+    h = Harness()
+    h.send(hello(1, ws=2), metrics(1, 0, {LOSS: 1.0}))
+    h.agg.flush()
+    # rank 0 sent data but had not finished the step either
+    assert h.records[0].partial and h.records[0].missing == ("actor_train/0", "actor_train/1")
+    assert h.records[0].metrics[LOSS] == 1.0
+
+
+def test_nonfinite_counts_reach_the_record() -> None:
+    h = Harness()
+    h.send(hello(1), metrics(1, 0, {LOSS: 1.0}, nonfinite={LOSS: 3}), P.Done(1, 2, 0))
+    assert h.records[0].nonfinite == {LOSS: 3}
+
+
+def test_producer_stats_reach_health() -> None:
+    h = Harness()
+    h.send(hello(1), P.Heartbeat(1, 2, {"dropped_send": 4, "dropped_queue_full": 1}))
+    assert h.agg.health.snapshot()["producer_dropped"] == 5

@@ -1,0 +1,234 @@
+"""The producer sends what was logged, never raises or blocks, and closes promptly."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from producer import Masked, Producer, Weighted
+from schemas import Reduction, protocol
+from schemas import metrics as M
+from tests.producer.conftest import entries, has_bye
+
+
+def by_name(entry: protocol.Entry) -> dict[str, list[float]]:
+    return {n: entry.values[i].tolist() for i, n in enumerate(entry.names)}
+
+
+def test_registers_then_sends_states(inbox) -> None:
+    p = Producer(
+        inbox.address,
+        run="r",
+        role="actor_train",
+        rank=1,
+        world_size=2,
+        reductions={"x/peak": "max"},
+    )
+    p.log(
+        {
+            M.ACTOR_PG_LOSS.name: Weighted(0.5, 10),
+            M.CRITIC_ADVANTAGES.name: Masked(np.array([1.0, 5.0, 9.0]), np.array([1, 1, 0])),
+            "x/peak": 3,
+            M.ACTOR_LR.name: 1e-5,
+        },
+        step=4,
+    )
+    p.close()
+    msgs = inbox.receive(until=has_bye)
+    hello = msgs[0]
+    assert isinstance(hello, protocol.Hello) and (
+        hello.run,
+        hello.role,
+        hello.rank,
+        hello.world_size,
+    ) == ("r", "actor_train", 1, 2)
+    (entry,) = entries(msgs)
+    assert entry.step == 4
+    got = by_name(entry)
+    assert got[M.ACTOR_PG_LOSS.name][:2] == [5.0, 10.0]
+    assert got[M.CRITIC_ADVANTAGES.name] == [6.0, 2.0, 1.0, 5.0]
+    assert got[M.ACTOR_LR.name] == [1e-5, 1.0, 1e-5, 1e-5]
+    kinds = dict(zip(entry.names, entry.kinds, strict=True))
+    assert kinds["x/peak"] == Reduction.MAX and kinds[M.ACTOR_LR.name] == Reduction.LAST
+    assert [m.seq for m in msgs] == sorted(m.seq for m in msgs)
+
+
+def test_bad_values_are_dropped_counted_and_the_rest_is_sent(inbox, caplog) -> None:
+    caplog.set_level(logging.WARNING, "rlpulse.producer")
+    p = Producer(inbox.address, run="r", role="a")
+    p.log(
+        {"good": 1.0, "bad": "oops", "nan": float("nan"), "t": torch.tensor([1.0, float("inf")])},
+        step=0,
+    )
+    p.log({"x": 1.0}, step=-1)
+    p.log({"x": 1.0}, step="3")  # type: ignore[arg-type]
+    p.log(None, step=1)  # type: ignore[arg-type]
+    p.close()
+    (entry,) = entries(inbox.receive(until=has_bye))
+    assert set(entry.names) == {"good", "t"} and dict(entry.nonfinite) == {"nan": 1, "t": 1}
+    stats = p.stats()
+    assert stats["invalid"] == 3 and stats["nonfinite"] == 2 and stats["errors"] == 1
+    assert (
+        "bad: cannot log a str" in caplog.text and "step must be a non-negative int" in caplog.text
+    )
+
+
+def test_close_is_prompt_with_no_collector_listening() -> None:
+    p = Producer(
+        "tcp://127.0.0.1:9", run="r", role="a", close_timeout_s=5.0
+    )  # nothing listens on port 9
+    for step in range(100):
+        p.log({"x": float(step)}, step=step)
+    started = time.monotonic()
+    p.close()
+    assert time.monotonic() - started < 1.0
+    p.close()  # idempotent
+
+
+def test_full_queue_drops_and_counts_without_blocking() -> None:
+    p = Producer("tcp://127.0.0.1:9", run="r", role="a", max_pending=10, sndhwm=1)
+    p._sender.stopping.set()  # a sender that never drains: the queue can only fill
+    p._wake.set()
+    p._sender.join(5)
+    for step in range(50):
+        p.log({"x": 1.0}, step=step)
+    assert p.stats()["dropped_queue_full"] == 40 and p.stats()["logged"] == 10
+    p.close()
+
+
+def test_unreachable_collector_drops_are_counted_once_zmq_is_full() -> None:
+    p = Producer("tcp://127.0.0.1:9", run="r", role="a", sndhwm=5)
+    for step in range(200):
+        p.log({"x": 1.0}, step=step)
+        if step % 20 == 0:
+            p.flush(2.0)
+    p.flush(2.0)
+    assert p.stats()["dropped_send"] > 0
+    p.close()
+
+
+def test_log_never_raises_even_from_many_threads(inbox) -> None:
+    p = Producer(inbox.address, run="r", role="a")
+    errors = []
+
+    def spam(k: int) -> None:
+        try:
+            for step in range(200):
+                p.log({f"t{k}": np.arange(3.0), "s": step}, step=step)
+        except Exception as exc:  # pragma: no cover - the assertion below reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=spam, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    p.close()
+    got = entries(inbox.receive(until=has_bye))
+    assert not errors and len(got) == 800 and p.stats()["errors"] == 0
+
+
+def test_heartbeats_carry_stats(inbox) -> None:
+    p = Producer(inbox.address, run="r", role="a", heartbeat_s=0.05)
+    p.log({"x": "bad"}, step=0)
+    msgs = inbox.receive(
+        timeout_s=3, until=lambda ms: any(isinstance(m, protocol.Heartbeat) for m in ms)
+    )
+    beat = next(m for m in msgs if isinstance(m, protocol.Heartbeat))
+    assert beat.stats["invalid"] == 1 and beat.stats["logged"] == 1
+    p.close()
+
+
+def test_step_done_and_phase(inbox) -> None:
+    p = Producer(inbox.address, run="r", role="actor_train")
+    loads = []
+    with p.phase(
+        "actor_train/train_step",
+        step=2,
+        onload=lambda: loads.append("on"),
+        offload=lambda: loads.append("off"),
+    ):
+        time.sleep(0.02)
+    p.step_done(2)
+    with pytest.raises(RuntimeError), p.phase("actor_train/generate", step=3):
+        raise RuntimeError("training error propagates unchanged")
+    with p.phase("not-an-infix", step=3):  # warned, not measured, not raised
+        pass
+    p.close()
+    msgs = inbox.receive(until=has_bye)
+    assert loads == ["on", "off"]
+    names = {n: v for e in entries(msgs) for n, v in by_name(e).items()}
+    total = names[M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part="total")][0]
+    execute = names[M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part="execute")][
+        0
+    ]
+    assert 0.02 <= execute <= total < 1.0
+    for part in ("onload", "offload"):
+        assert M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part=part) in names
+    rss = names[
+        M.MEMORY_CPU.format(cluster="actor_train", phase="train_step", when="end", kind="rss")
+    ][0]
+    assert 0.01 < rss < 64  # GiB: this test process
+    assert M.TIME_PHASE.format(cluster="actor_train", phase="generate", part="total") in names
+    assert any(isinstance(m, protocol.Done) and m.step == 2 for m in msgs)
+
+
+class FakeCuda:
+    """Stands in for torch.cuda so the GPU snapshot logic runs on a CPU machine."""
+
+    def __init__(self) -> None:
+        self.allocated = 1 << 30
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 2
+
+    def reset_peak_memory_stats(self, device: int) -> None:
+        pass
+
+    def memory_allocated(self, device: int) -> int:
+        return self.allocated * (device + 1)
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    def get_device_properties(self, device: int):
+        return type("Props", (), {"total_memory": 8 << 30})()
+
+
+def test_phase_records_gpu_snapshots_per_device(inbox) -> None:
+    from producer.memory import MemoryProbe
+
+    fake = FakeCuda()
+    probe = MemoryProbe(torch=type("T", (), {"cuda": fake})())
+    p = Producer(inbox.address, run="r", role="critic", memory_probe=probe)
+    with p.phase(
+        "critic/compute_values", step=0, onload=lambda: setattr(fake, "allocated", 2 << 30)
+    ):
+        pass
+    p.close()
+    names = {n: v[0] for e in entries(inbox.receive(until=has_bye)) for n, v in by_name(e).items()}
+
+    def gpu(when, state, stat, dev):
+        return names[
+            M.MEMORY_GPU.format(
+                cluster="critic",
+                phase="compute_values",
+                when=when,
+                state=state,
+                stat=stat,
+                device_id=dev,
+            )
+        ]
+
+    assert gpu("start", "offload", "allocated", 0) == 1.0
+    assert gpu("start", "onload", "allocated", 1) == 4.0
+    assert gpu("end", "onload", "max_allocated_frac", 1) == 0.5
+    assert gpu("end", "offload", "reserved", 0) == 2.0
+    assert not any("start/offload/max_allocated_frac" in n for n in names)
