@@ -1,0 +1,394 @@
+"""Prometheus sink: serves ``/metrics`` with the latest aggregated value of every metric.
+
+``write()`` only stores the step's values; a custom ``prometheus_client`` collector renders
+fresh metric families from them on each scrape (names from :func:`collector.promnames.prom_metric`,
+labels ``run`` and ``role``), together with the collector's own health counters. A metric that
+a step does not report keeps its last value, as a gauge should.
+
+Per-rank series are not exported: a :class:`~schemas.record.StepRecord` carries only values
+pooled across ranks.
+
+>>> from prometheus_client import generate_latest
+>>> sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext())
+>>> sink.open()
+>>> sink.write(StepRecord(run="r1", step=3, metrics={"time/rollout": 2.5}))
+>>> b"rlpulse_time_rollout_seconds" in generate_latest(sink.registry)
+True
+>>> sink.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from collector.errors import ConfigError
+from collector.promnames import prom_metric
+from collector.sinks.base import SinkContext
+from schemas.record import StepRecord
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+# This module is imported only when a prometheus tracker is configured (collector.sinks.SINKS);
+# a missing library becomes a ConfigError with the install hint in from_kwargs.
+try:
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.process_collector import ProcessCollector
+except ImportError:  # pragma: no cover - exercised only without the optional dependency
+    CollectorRegistry = None  # type: ignore[assignment,misc]
+
+log = logging.getLogger(__name__)
+
+FIELD = "tracker_kwargs.prometheus"
+_KEYS = ("host", "port", "certfile", "keyfile", "max_runs")
+
+# Health snapshot key -> (name, help, kind); see SinkContext.health.
+_HEALTH: dict[str, tuple[str, str, str]] = {
+    "messages_received": (
+        "rlpulse_collector_messages_received_total",
+        "Messages the collector received.",
+        "counter",
+    ),
+    "events_received": (
+        "rlpulse_collector_events_received_total",
+        "Metric entries the collector received.",
+        "counter",
+    ),
+    "late": (
+        "rlpulse_collector_late_entries_total",
+        "Entries that arrived after their step had been emitted (not in any sink).",
+        "counter",
+    ),
+    "partial_steps": (
+        "rlpulse_collector_partial_steps_total",
+        "Steps emitted before every expected rank had finished them.",
+        "counter",
+    ),
+    "steps_emitted": ("rlpulse_collector_steps_emitted_total", "Steps handed to sinks.", "counter"),
+    "producers": ("rlpulse_collector_producers", "Producers currently connected.", "gauge"),
+    "producer_dropped": (
+        "rlpulse_collector_producer_dropped_total",
+        "Entries producers reported dropping before sending (queue full, collector away).",
+        "counter",
+    ),
+    "duplicates": (
+        "rlpulse_collector_duplicates_total",
+        "Resent messages the collector had already applied (deduplicated, not merged twice).",
+        "counter",
+    ),
+    "out_of_order": (
+        "rlpulse_collector_out_of_order_total",
+        "Messages that arrived ahead of a missing one (dropped; the producer resends in order).",
+        "counter",
+    ),
+    "unknown_producer": (
+        "rlpulse_collector_unknown_producer_total",
+        "Messages dropped because their producer never registered.",
+        "counter",
+    ),
+    "handshake_failed": (
+        "rlpulse_collector_handshake_failed_total",
+        "Clients refused by CurveZMQ (unknown key or plaintext).",
+        "counter",
+    ),
+    "names_overflow": (
+        "rlpulse_collector_names_overflow_total",
+        "Metric names dropped because a run reached its distinct-name limit.",
+        "counter",
+    ),
+    "kind_mismatch": (
+        "rlpulse_collector_kind_mismatch_total",
+        "Entries whose declared reduction disagreed with the catalog (the catalog won).",
+        "counter",
+    ),
+}
+_MALFORMED = ("rlpulse_collector_malformed_total", "Messages rejected as malformed, by reason.")
+# Per-sink key -> (name, help, kind).
+_SINK_HEALTH: dict[str, tuple[str, str, str]] = {
+    "queue_depth": ("rlpulse_sink_queue_depth", "Steps waiting in a sink's queue.", "gauge"),
+    "written": ("rlpulse_sink_written_total", "Steps a sink has written.", "counter"),
+    "errors": ("rlpulse_sink_errors_total", "Failed write attempts of a sink.", "counter"),
+    "dropped": (
+        "rlpulse_sink_dropped_total",
+        "Steps a sink dropped (queue full or retries spent).",
+        "counter",
+    ),
+    "lag_seconds": (
+        "rlpulse_sink_lag_seconds",
+        "Age of the oldest step still waiting in a sink's queue.",
+        "gauge",
+    ),
+}
+_RUN_STEP = ("rlpulse_run_step", "Latest step emitted for the run.")
+_RUN_TIME = (
+    "rlpulse_run_step_timestamp_seconds",
+    "Producers' wall-clock end of the run's latest step (Unix time).",
+)
+_RUN_RANKS = ("rlpulse_run_ranks", "Producers whose data is in the run's latest step.")
+_RUN_PARTIAL = (
+    "rlpulse_run_step_partial",
+    "1 when the run's latest step was emitted without every rank.",
+)
+
+
+@dataclass
+class _Run:
+    """What the sink keeps of one run: its latest step and each metric's latest value."""
+
+    step: int = -1
+    time: float = 0.0
+    ranks: int = 0
+    partial: bool = False
+    values: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+class PrometheusSink:
+    """Serves the latest step values and collector health at ``http(s)://host:port/metrics``.
+
+    kwargs: ``port`` (required; 0 picks a free one, see :attr:`address`), ``host`` (default
+    ``127.0.0.1``), ``certfile`` and ``keyfile`` (TLS, both or neither), ``max_runs`` (runs kept,
+    least recently written dropped first; default 16).
+
+    >>> sink = PrometheusSink.from_kwargs({"host": "127.0.0.1", "port": 9464}, SinkContext())
+    >>> sink.name
+    'prometheus'
+    """
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        ctx: SinkContext,
+        *,
+        port: int,
+        host: str = "127.0.0.1",
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        max_runs: int = 16,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._host = host
+        self._port = port
+        self._certfile = certfile
+        self._keyfile = keyfile
+        self._max_runs = max_runs
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._warned: set[str] = set()
+        self.registry.register(_StepCollector(self))
+        ProcessCollector(registry=self.registry)  # the collector's own CPU and memory
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> PrometheusSink:
+        """Validate ``tracker_kwargs`` for prometheus; raise ConfigError naming the field."""
+        if CollectorRegistry is None:
+            raise ConfigError(
+                FIELD,
+                "needs prometheus_client: pip install 'rlpulse[trackers]' "
+                "(or pip install prometheus_client)",
+            )
+        unknown = sorted(set(kwargs) - set(_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{FIELD}.{unknown[0]}", f"unknown option; expected one of {', '.join(_KEYS)}"
+            )
+        if "port" not in kwargs:
+            raise ConfigError(f"{FIELD}.port", "is required (0 picks a free port)")
+        port = kwargs["port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"{FIELD}.port", "must be an integer from 0 to 65535", port)
+        host = kwargs.get("host", "127.0.0.1")
+        if not isinstance(host, str) or not host:
+            raise ConfigError(f"{FIELD}.host", "must be a host name or address", host)
+        max_runs = kwargs.get("max_runs", 16)
+        if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+            raise ConfigError(f"{FIELD}.max_runs", "must be a positive integer", max_runs)
+        tls = {k: kwargs.get(k) for k in ("certfile", "keyfile")}
+        if (tls["certfile"] is None) != (tls["keyfile"] is None):
+            missing = "keyfile" if tls["keyfile"] is None else "certfile"
+            raise ConfigError(f"{FIELD}.{missing}", "TLS needs both certfile and keyfile")
+        for key, path in tls.items():
+            if path is not None and (not isinstance(path, str) or not Path(path).is_file()):
+                raise ConfigError(f"{FIELD}.{key}", "is not a readable file", path)
+        return cls(ctx, port=port, host=host, max_runs=max_runs, **tls)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` the server listens on; the real port once open() has run."""
+        if self._server is not None:
+            return self._host, int(self._server.server_address[1])
+        return self._host, self._port
+
+    def open(self) -> None:
+        """Start serving (idempotent); an address in use or not local raises OSError."""
+        if self._server is not None:
+            return
+        self._server, self._thread = start_http_server(
+            self._port,
+            addr=self._host,
+            registry=self.registry,
+            certfile=self._certfile,
+            keyfile=self._keyfile,
+        )
+
+    def write(self, record: StepRecord) -> None:
+        """Keep the step's values for the next scrape; never touches the network."""
+        with self._lock:
+            run = self._runs.pop(record.run, None) or _Run()
+            self._runs[record.run] = run  # re-inserted: dict order is least recently written first
+            while len(self._runs) > self._max_runs:
+                evicted = next(iter(self._runs))
+                del self._runs[evicted]
+                self._warn_once(
+                    f"evict:{evicted}",
+                    "prometheus: max_runs=%d reached; dropped run %r from /metrics",
+                    self._max_runs,
+                    evicted,
+                )
+            if record.step >= run.step:
+                run.step, run.time = record.step, record.time
+                run.ranks, run.partial = record.ranks, record.partial
+            for name, value in record.metrics.items():
+                run.values[name] = (float(value), record.roles.get(name, ""))
+
+    def close(self) -> None:
+        """Stop serving; safe to call twice or before open()."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    # --- rendering, called by the HTTP server's thread on every scrape ---
+
+    def families(self) -> Iterator[Metric]:
+        """Fresh metric families for one scrape: run state, health, then every metric."""
+        with self._lock:
+            runs = {
+                name: (r.step, r.time, r.ranks, r.partial, dict(r.values))
+                for name, r in self._runs.items()
+            }
+        taken: dict[str, str] = {}  # Prometheus name -> what owns it
+        yield from self._run_families(runs, taken)
+        yield from self._health_families(taken)
+        yield from self._metric_families(runs, taken)
+
+    def _run_families(self, runs: Mapping[str, tuple], taken: dict[str, str]) -> Iterator[Metric]:
+        specs = (_RUN_STEP, _RUN_TIME, _RUN_RANKS, _RUN_PARTIAL)
+        for index, (pname, help_) in enumerate(specs):
+            family = GaugeMetricFamily(pname, help_, labels=["run"])
+            for run, state in sorted(runs.items()):
+                family.add_metric([run], float(state[index]))
+            taken[pname] = "rlpulse"
+            yield family
+
+    def _health_families(self, taken: dict[str, str]) -> Iterator[Metric]:
+        try:
+            health = dict(self._ctx.health())
+        except Exception:  # a broken snapshot must not take the training metrics down with it
+            self._warn_once(
+                "health", "prometheus: the collector health snapshot failed", exc_info=True
+            )
+            health = {}
+        for key, (pname, help_, kind) in _HEALTH.items():
+            value = _number(health.get(key))
+            if value is not None:
+                taken[pname] = "rlpulse"
+                yield _family(pname, help_, kind, [], [([], value)])
+        malformed = health.get("malformed")
+        if isinstance(malformed, Mapping):
+            samples = [
+                ([str(k)], v) for k, v in sorted(malformed.items()) if _number(v) is not None
+            ]
+            taken[_MALFORMED[0]] = "rlpulse"
+            yield _family(
+                *_MALFORMED, "counter", ["reason"], [(labels, float(v)) for labels, v in samples]
+            )
+        sinks = health.get("sinks")
+        if isinstance(sinks, Mapping):
+            for key, (pname, help_, kind) in _SINK_HEALTH.items():
+                samples = []
+                for sink_name, stats in sorted(sinks.items()):
+                    value = _number(stats.get(key)) if isinstance(stats, Mapping) else None
+                    if value is not None:
+                        samples.append(([str(sink_name)], value))
+                taken[pname] = "rlpulse"
+                yield _family(pname, help_, kind, ["sink"], samples)
+
+    def _metric_families(
+        self, runs: Mapping[str, tuple], taken: dict[str, str]
+    ) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        names = sorted({name for state in runs.values() for name in state[4]})
+        for name in names:
+            pm = prom_metric(name, self._ctx.catalog)
+            owner = taken.setdefault(pm.name, name)
+            if owner != name:
+                self._warn_once(
+                    f"clash:{name}",
+                    "prometheus: %r and %r both map to %s; exporting %r only",
+                    owner,
+                    name,
+                    pm.name,
+                    owner,
+                )
+                continue
+            family = families[pm.name] = _family(pm.name, pm.help, pm.kind, ["run", "role"], [])
+            for run, state in sorted(runs.items()):
+                if name in state[4]:
+                    value, role = state[4][name]
+                    family.add_metric([run, role], value * pm.scale)
+        yield from families.values()
+
+    def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args, exc_info=exc_info)
+
+
+class _StepCollector:
+    """The ``prometheus_client`` collector: one ``collect()`` that asks the sink each scrape."""
+
+    def __init__(self, sink: PrometheusSink) -> None:
+        self._sink = sink
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._sink.families())
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names depend on what producers log; nothing to check at registration
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _family(
+    name: str, help_: str, kind: str, labels: list[str], samples: list[tuple[list[str], float]]
+) -> Metric:
+    family: Metric
+    if kind == "counter":
+        family = CounterMetricFamily(name, help_, labels=labels)
+    else:
+        family = GaugeMetricFamily(name, help_, labels=labels)
+    for label_values, value in samples:
+        family.add_metric(label_values, value)
+    return family
+
+
+__all__ = ["PrometheusSink"]

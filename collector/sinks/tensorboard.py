@@ -1,0 +1,128 @@
+"""TensorBoard sink: one event file per run under ``log_dir``, one scalar tag per metric.
+
+Written with the ``tensorboard`` package's own protos and record writer (never torch), one
+``Event`` per step holding every metric as a ``simple_value`` scalar, so TensorBoard and its
+``EventAccumulator`` read them as scalars at ``step`` = training step. Writes are synchronous and
+flushed per step: the fan-out thread that calls ``write()`` is the only thread involved.
+
+TensorBoard scalars are float32 (``Summary.Value.simple_value``): values are what the jsonl sink
+writes, rounded to float32 (integers above 2**24, such as large token counts, lose their last
+digits; Prometheus and jsonl keep float64).
+
+>>> import tempfile
+>>> sink = TensorBoardSink.from_kwargs({"log_dir": tempfile.mkdtemp()}, SinkContext())
+>>> sink.open()
+>>> sink.write(StepRecord(run="r1", step=0, metrics={"critic/score/mean": 0.5}))
+>>> sink.close()
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from collector.errors import ConfigError
+from collector.sinks.base import SinkContext
+from schemas.record import StepRecord
+
+FIELD = "tracker_kwargs.tensorboard"
+_KEYS = ("log_dir",)
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
+
+
+class TensorBoardSink:
+    """Writes ``<log_dir>/<run>/events.out.tfevents.*`` files TensorBoard reads directly.
+
+    Each run gets its own sub-directory, so TensorBoard pointed at ``log_dir`` shows one
+    line per run.
+
+    >>> TensorBoardSink.from_kwargs({"log_dir": "/tmp/tb"}, SinkContext()).name
+    'tensorboard'
+    """
+
+    name = "tensorboard"
+
+    def __init__(
+        self, log_dir: Path, *, event_pb2: Any, summary_pb2: Any, record_writer: Any
+    ) -> None:
+        self._log_dir = log_dir
+        self._event_pb2 = event_pb2
+        self._summary_pb2 = summary_pb2
+        self._record_writer = record_writer
+        self._files: dict[str, tuple[BinaryIO, Any]] = {}
+        self._created = 0
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> TensorBoardSink:
+        """Validate ``tracker_kwargs`` for tensorboard (``log_dir``, required)."""
+        unknown = sorted(set(kwargs) - set(_KEYS))
+        if unknown:
+            raise ConfigError(f"{FIELD}.{unknown[0]}", "unknown option; expected log_dir")
+        log_dir = kwargs.get("log_dir")
+        if not isinstance(log_dir, str | os.PathLike) or not str(log_dir):
+            raise ConfigError(f"{FIELD}.log_dir", "is required: a directory path", log_dir)
+        path = Path(log_dir).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{FIELD}.log_dir", "exists and is not a directory", str(path))
+        try:
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+            from tensorboard.summary.writer.record_writer import RecordWriter
+        except ImportError as exc:
+            raise ConfigError(
+                FIELD,
+                "needs the tensorboard package: pip install 'rlpulse[trackers]' "
+                f"(or pip install tensorboard); import failed: {exc}",
+            ) from exc
+        return cls(path, event_pb2=event_pb2, summary_pb2=summary_pb2, record_writer=RecordWriter)
+
+    def open(self) -> None:
+        """Create ``log_dir``; event files are created when a run's first step arrives."""
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: StepRecord) -> None:
+        """Append the step as one event and flush it to disk."""
+        writer = self._writer(record.run)
+        values = [
+            self._summary_pb2.Summary.Value(tag=name, simple_value=float(value))
+            for name, value in record.metrics.items()
+        ]
+        event = self._event_pb2.Event(
+            wall_time=record.time or time.time(),
+            step=record.step,
+            summary=self._summary_pb2.Summary(value=values),
+        )
+        writer.write(event.SerializeToString())
+        writer.flush()
+
+    def close(self) -> None:
+        """Close every event file; safe to call twice or before open()."""
+        files, self._files = self._files, {}
+        for fh, _ in files.values():
+            fh.close()
+
+    def _writer(self, run: str) -> Any:
+        entry = self._files.get(run)
+        if entry is None:
+            run_dir = self._log_dir / (_UNSAFE.sub("_", run).strip(".") or "run")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fh = self._create(run_dir)
+            writer = self._record_writer(fh)
+            header = self._event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+            writer.write(header.SerializeToString())
+            entry = self._files[run] = (fh, writer)
+        return entry[1]
+
+    def _create(self, run_dir: Path) -> BinaryIO:
+        # The name TensorBoard globs for; time, host, pid and a counter keep files apart.
+        stamp = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        while True:
+            self._created += 1
+            try:
+                return open(run_dir / f"events.out.tfevents.{stamp}.{self._created}", "xb")
+            except FileExistsError:
+                continue  # another sink of this process, this second: take the next number

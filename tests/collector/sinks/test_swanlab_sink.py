@@ -1,0 +1,169 @@
+"""The swanlab sink in offline mode, read back with SwanLab's own DataStoreReader and record
+protos; local mode; the spellings of different SwanLab versions; and the API key."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+from collector.errors import ConfigError
+from collector.sinks.base import SinkContext
+from collector.sinks.swanlab import SwanLabSink
+from schemas.record import StepRecord
+from tests.collector.sinks.conftest import jsonl_view, make_records
+
+SECRET = "sk-swanlab-test-key-0123456789"  # fake
+
+
+def _read(log_dir: Path) -> tuple[Record, dict[int, dict[str, float]]]:
+    """The run's start record and its scalars by step, from the run file SwanLab wrote."""
+    (path,) = log_dir.glob("run-*/run-*.swanlab")
+    reader = DataStoreReader()
+    reader.open(path)
+    start, rows = None, {}
+    for raw in reader:
+        record = Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "start":
+            start = record.start
+        elif kind == "scalar":
+            rows.setdefault(record.scalar.step, {})[record.scalar.key] = record.scalar.value.number
+    reader.close()
+    assert start is not None
+    return start, rows
+
+
+def _write(sink: SwanLabSink, records: list[StepRecord]) -> None:
+    with ThreadPoolExecutor(1) as worker:  # as the fan-out does: one worker thread per sink
+        worker.submit(sink.open).result()
+        for record in records:
+            worker.submit(sink.write, record).result()
+        worker.submit(sink.close).result()
+    sink.close()  # idempotent
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        {"logdir": "sl", "experiment_name": "exp-1"},  # ROLL's (SwanLab < 0.7) spelling
+        {"log_dir": "sl", "name": "exp-1"},  # SwanLab >= 0.7
+    ],
+)
+def test_offline_logs_hold_every_step_as_jsonl_has_it(
+    offline: Path, records: list[StepRecord], spelling: dict[str, str]
+) -> None:
+    kwargs = {"project": "rlpulse-test", "tags": ["rl"], "mode": "offline", **spelling}
+    _write(SwanLabSink.from_kwargs(kwargs, SinkContext(environ=os.environ)), records)
+
+    start, rows = _read(offline / "sl")
+    assert (start.project, start.name, list(start.tags)) == ("rlpulse-test", "exp-1", ["rl"])
+    expected = jsonl_view(records, offline / "out.jsonl")
+    assert sorted(rows) == [0, 1, 2]
+    for step, row in rows.items():
+        assert row == expected[("r1", step)]  # float64 survives: exact equality
+
+
+def test_mode_from_environment_and_experiment_named_after_the_run(offline: Path) -> None:
+    sink = SwanLabSink.from_kwargs(
+        {"logdir": "sl"}, SinkContext(environ={"SWANLAB_MODE": "offline"})
+    )
+    assert sink.mode == "offline"
+    _write(sink, make_records("run-7", 1))
+    start, rows = _read(offline / "sl")
+    assert start.name == "run-7"
+    assert sorted(rows) == [0]
+
+
+def test_steps_of_a_second_run_are_skipped_with_one_warning(
+    offline: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = SwanLabSink.from_kwargs({"logdir": "sl", "mode": "offline"}, SinkContext())
+    with caplog.at_level(logging.WARNING, logger="collector.sinks.swanlab"):
+        _write(sink, [*make_records("a", 2), *make_records("b", 2)])
+    assert sorted(_read(offline / "sl")[1]) == [0, 1]
+    assert len([r for r in caplog.records if "'b'" in r.getMessage()]) == 1
+
+
+def test_local_mode_needs_the_dashboard_or_writes_the_run(offline: Path) -> None:
+    kwargs = {"logdir": "sl", "mode": "local", "project": "p"}
+    if importlib.util.find_spec("swanboard") is None:
+        with pytest.raises(ConfigError, match=r"pip install 'swanlab\[dashboard\]'") as err:
+            SwanLabSink.from_kwargs(kwargs, SinkContext())
+        assert err.value.field == "tracker_kwargs.swanlab.mode"
+    else:
+        _write(SwanLabSink.from_kwargs(kwargs, SinkContext()), make_records("r", 2))
+        assert sorted(_read(offline / "sl")[1]) == [0, 1]
+
+
+def test_cloud_and_online_are_the_same_mode() -> None:
+    cloud = SwanLabSink.from_kwargs({"mode": "cloud"}, SinkContext())
+    online = SwanLabSink.from_kwargs({"mode": "online"}, SinkContext())
+    assert cloud.mode == online.mode == "online"  # the spelling swanlab 0.10 accepts
+
+
+def test_online_key_goes_only_to_the_server_and_never_into_errors_or_logs(
+    offline: Path,
+    rejecting_server: tuple[str, list[tuple[str, str]]],
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    url, seen = rejecting_server
+    caplog.set_level(logging.DEBUG)
+    sink = SwanLabSink.from_kwargs(
+        {"mode": "cloud", "logdir": "sl", "login_kwargs": {"host": url}},
+        SinkContext(environ={"SWANLAB_API_KEY": SECRET}),
+    )
+    assert SECRET not in repr(sink)
+    with pytest.raises(Exception) as err:  # whatever swanlab raises for a rejected key
+        sink.open()
+    assert [path for path, request in seen if SECRET in request], "key not sent to the server"
+    texts = [str(err.value), repr(err.value), caplog.text, *capfd.readouterr()]
+    texts += [p.read_text(errors="replace") for p in offline.rglob("*") if p.is_file()]
+    assert not [text for text in texts if SECRET in text]
+
+
+def test_config_errors_never_show_the_key() -> None:
+    env = {"SWANLAB_API_KEY": SECRET}
+    cases = [
+        ({"login_kwargs": {"api_key": SECRET, "passwd": "x"}}, "login_kwargs.passwd"),
+        ({"login_kwargs": {"api_key": [SECRET]}}, "login_kwargs.api_key"),
+        ({"login_kwargs": {"api_key": SECRET}, "mode": "sideways"}, "mode"),
+        ({"login_kwargs": SECRET}, "login_kwargs"),
+        ({"login_kwargs": {"api_key": SECRET}, "tags": "rl"}, "tags"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(ConfigError) as err:
+            SwanLabSink.from_kwargs(kwargs, SinkContext(environ=env))
+        assert err.value.field == f"tracker_kwargs.swanlab.{field}"
+        assert SECRET not in str(err.value) and SECRET not in repr(err.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"logdir": "a", "log_dir": "b"}, "tracker_kwargs.swanlab.log_dir"),
+        ({"experiment_name": "a", "name": "b"}, "tracker_kwargs.swanlab.name"),
+        ({"project": 3}, "tracker_kwargs.swanlab.project"),
+        ({"logdir": 3}, "tracker_kwargs.swanlab.logdir"),
+        ({"colour": "red"}, "tracker_kwargs.swanlab.colour"),
+    ],
+)
+def test_bad_kwargs_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        SwanLabSink.from_kwargs(kwargs, SinkContext())
+    assert err.value.field == field
+
+
+def test_missing_library_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "swanlab", None)
+    with pytest.raises(ConfigError, match="pip install"):
+        SwanLabSink.from_kwargs({"mode": "offline"}, SinkContext())

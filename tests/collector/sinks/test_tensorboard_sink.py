@@ -1,0 +1,100 @@
+"""The TensorBoard sink, read back with TensorBoard's own EventAccumulator."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from collector.errors import ConfigError
+from collector.sinks.base import SinkContext
+from collector.sinks.tensorboard import TensorBoardSink
+from schemas.record import StepRecord
+from tests.collector.sinks.conftest import jsonl_view, make_records
+
+
+def _write(log_dir: Path, records: list[StepRecord]) -> None:
+    sink = TensorBoardSink.from_kwargs({"log_dir": str(log_dir)}, SinkContext())
+    sink.open()
+    # The fan-out calls a sink from its own worker thread: do the same.
+    with ThreadPoolExecutor(1) as worker:
+        for record in records:
+            worker.submit(sink.write, record).result()
+    sink.close()
+    sink.close()  # idempotent
+
+
+def _read(run_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def test_event_accumulator_reads_every_metric_as_a_scalar_equal_to_jsonl(
+    tmp_path: Path, records: list[StepRecord]
+) -> None:
+    _write(tmp_path / "tb", records)
+    expected = jsonl_view(records, tmp_path / "out.jsonl")
+
+    acc = _read(tmp_path / "tb" / "r1")
+    assert sorted(acc.Tags()["scalars"]) == sorted(records[0].metrics)
+    for tag in acc.Tags()["scalars"]:
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == [0, 1, 2]
+        for event in events:
+            # TensorBoard scalars are float32: equal to the jsonl value rounded to float32.
+            assert event.value == float(np.float32(expected[("r1", event.step)][tag])), tag
+    wall = [e.wall_time for e in acc.Scalars("time/rollout")]
+    assert wall == [r.time for r in records]
+
+
+def test_each_run_gets_its_own_directory(tmp_path: Path) -> None:
+    mixed = [*make_records("run/a", 2), *make_records("b", 1)]
+    _write(tmp_path, mixed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "run_a"]
+    assert [e.step for e in _read(tmp_path / "run_a").Scalars("time/rollout")] == [0, 1]
+    assert [e.step for e in _read(tmp_path / "b").Scalars("time/rollout")] == [0]
+
+
+def test_reopening_appends_a_new_event_file(tmp_path: Path) -> None:
+    _write(tmp_path, make_records("r", 2))
+    _write(tmp_path, [StepRecord(run="r", step=2, metrics={"time/rollout": 9.0})])
+    assert len(list((tmp_path / "r").glob("events.out.tfevents.*"))) == 2
+    assert [e.step for e in _read(tmp_path / "r").Scalars("time/rollout")] == [0, 1, 2]
+
+
+def test_the_sink_does_not_import_torch(tmp_path: Path) -> None:
+    if "torch" in sys.modules:
+        pytest.skip("torch was imported by another test in this process")
+    _write(tmp_path, make_records("r", 1))
+    assert "torch" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({}, "tracker_kwargs.tensorboard.log_dir"),
+        ({"log_dir": 3}, "tracker_kwargs.tensorboard.log_dir"),
+        ({"log_dir": "x", "flush_secs": 10}, "tracker_kwargs.tensorboard.flush_secs"),
+    ],
+)
+def test_bad_kwargs_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TensorBoardSink.from_kwargs(kwargs, SinkContext())
+    assert err.value.field == field
+
+
+def test_log_dir_that_is_a_file_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match="not a directory"):
+        TensorBoardSink.from_kwargs({"log_dir": str(tmp_path / "f")}, SinkContext())
+
+
+def test_missing_library_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto", None)
+    with pytest.raises(ConfigError, match="pip install"):
+        TensorBoardSink.from_kwargs({"log_dir": "x"}, SinkContext())

@@ -1,0 +1,207 @@
+"""The wandb sink in offline mode: the run file is read back with wandb's own record protos, and
+``wandb sync --dry-run`` must list it as a run it would upload.
+
+wandb 0.31 has no Python reader for ``.wandb`` files any more (its internal one moved to Go), so
+``_records`` walks the file's framing (the LevelDB log format: 32 KiB blocks of
+crc/length/type-framed chunks after a 7-byte ``:W&B`` header) and parses each record with
+``wandb.proto.wandb_internal_pb2.Record``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from wandb.proto import wandb_internal_pb2
+
+from collector.errors import ConfigError
+from collector.sinks.base import SinkContext
+from collector.sinks.wandb import WandbSink
+from schemas.record import StepRecord
+from tests.collector.sinks.conftest import jsonl_view, make_records
+
+SECRET = "0123456789abcdef0123456789abcdef01234567"  # shaped like a wandb key; fake
+
+
+def _records(path: Path) -> Iterator[wandb_internal_pb2.Record]:
+    data = path.read_bytes()
+    ident, _magic, _version = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST: a complete record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def _history(path: Path) -> dict[int, dict[str, float]]:
+    rows = {}
+    for record in _records(path):
+        if record.WhichOneof("record_type") == "history":
+            items = {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }
+            rows[record.history.step.num] = {
+                k: v for k, v in items.items() if not k.startswith("_")
+            }
+    return rows
+
+
+def _run_info(path: Path) -> wandb_internal_pb2.RunRecord:
+    return next(r.run for r in _records(path) if r.WhichOneof("record_type") == "run")
+
+
+def _write(sink: WandbSink, records: list[StepRecord]) -> None:
+    sink.open()
+    with ThreadPoolExecutor(1) as worker:  # as the fan-out does: one worker thread per sink
+        for record in records:
+            worker.submit(sink.write, record).result()
+        worker.submit(sink.close).result()
+
+
+def test_offline_run_file_holds_every_step_as_jsonl_has_it(
+    offline: Path, records: list[StepRecord]
+) -> None:
+    kwargs = {
+        "project": "rlpulse-test",
+        "name": "exp-1",
+        "notes": "a note",
+        "tags": ["rl", "t"],
+        "mode": "offline",
+        "dir": str(offline / "wb"),
+    }
+    _write(WandbSink.from_kwargs(kwargs, SinkContext(environ=os.environ)), records)
+
+    (run_file,) = (offline / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    expected = jsonl_view(records, offline / "out.jsonl")
+    history = _history(run_file)
+    assert sorted(history) == [0, 1, 2]
+    for step, row in history.items():
+        assert row == expected[("r1", step)]  # float64 survives: exact equality
+    info = _run_info(run_file)
+    assert (info.project, info.display_name, info.notes) == ("rlpulse-test", "exp-1", "a note")
+    assert list(info.tags) == ["rl", "t"]
+
+    dry_run = subprocess.run(
+        [Path(sys.executable).with_name("wandb"), "sync", "--dry-run", str(run_file.parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert run_file.name in dry_run.stdout + dry_run.stderr
+
+
+def test_wandb_mode_comes_from_the_environment_and_runs_get_their_own_files(
+    offline: Path,
+) -> None:
+    sink = WandbSink.from_kwargs(
+        {"dir": str(offline)}, SinkContext(environ={"WANDB_MODE": "offline"})
+    )
+    assert sink.mode == "offline"
+    _write(sink, [*make_records("run-a", 2), *make_records("run-b", 1)])
+    names = {}
+    for path in (offline / "wandb").glob("offline-run-*/run-*.wandb"):
+        names[_run_info(path).display_name] = sorted(_history(path))
+    assert names == {"run-a": [0, 1], "run-b": [0]}
+
+
+def test_api_key_never_appears_in_errors_logs_or_repr(
+    offline: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)  # wandb reads the environment itself, too
+    env = {"WANDB_API_KEY": SECRET}
+    errors = []
+    for kwargs in (
+        {"api_key": SECRET, "mode": "sideways"},
+        {"api_key": SECRET, "tags": "not-a-list"},
+        {"api_key": SECRET, "project": 7},
+        {"api_key": [SECRET]},
+        {"api_key": SECRET, "bogus": 1},
+    ):
+        with pytest.raises(ConfigError) as err:
+            WandbSink.from_kwargs(kwargs, SinkContext(environ=env))
+        errors.append(err.value)
+    assert [e.field.rsplit(".", 1)[1] for e in errors] == [
+        "mode",
+        "tags",
+        "project",
+        "api_key",
+        "bogus",
+    ]
+
+    sink = WandbSink.from_kwargs(
+        {"mode": "offline", "dir": str(offline), "api_key": SECRET}, SinkContext(environ=env)
+    )
+    _write(sink, make_records("r", 1))
+    seen = [str(e) for e in errors] + [repr(e.value) for e in errors]
+    seen += [repr(sink), caplog.text, *capfd.readouterr()]
+    seen += [p.read_text(errors="replace") for p in (offline / "wandb").rglob("*.log")]
+    assert not [text for text in seen if SECRET in text]
+
+
+def test_online_key_goes_only_to_the_server_and_never_into_errors_or_logs(
+    offline: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rejecting_server: tuple[str, list[tuple[str, str]]],
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    url, seen = rejecting_server  # a loopback server that rejects every key
+    monkeypatch.delenv("WANDB_MODE")
+    caplog.set_level(logging.DEBUG)
+    kwargs = {"project": "p", "dir": str(offline), "api_key": SECRET, "base_url": url}
+    sink = WandbSink.from_kwargs(kwargs, SinkContext(environ=os.environ))
+    assert sink.mode == "online"
+    sink.open()
+    with pytest.raises(Exception) as err:  # whatever wandb raises for a rejected key
+        sink.write(StepRecord(run="r", step=0, metrics={"x": 1.0}))
+    sink.close()
+    assert seen, "wandb never contacted the (local) server"
+    texts = [str(err.value), repr(err.value), caplog.text, *capfd.readouterr()]
+    texts += [p.read_text(errors="replace") for p in offline.rglob("*") if p.is_file()]
+    assert not [text for text in texts if SECRET in text]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "environ", "field"),
+    [
+        ({"mode": "cloud"}, {}, "tracker_kwargs.wandb.mode"),
+        ({}, {"WANDB_MODE": "nope"}, "WANDB_MODE"),
+        ({"dir": 5}, {}, "tracker_kwargs.wandb.dir"),
+        ({"api_key": "  "}, {}, "tracker_kwargs.wandb.api_key"),
+        ({"tags": ["ok", 1]}, {}, "tracker_kwargs.wandb.tags"),
+    ],
+)
+def test_bad_kwargs_name_the_field(kwargs: dict, environ: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        WandbSink.from_kwargs(kwargs, SinkContext(environ=environ))
+    assert err.value.field == field
+
+
+def test_missing_library_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ConfigError, match="pip install"):
+        WandbSink.from_kwargs({"mode": "offline"}, SinkContext())

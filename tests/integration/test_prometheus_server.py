@@ -1,0 +1,226 @@
+"""A real Prometheus server scrapes the Prometheus sink; PromQL returns what the jsonl sink wrote,
+and ``promtool check metrics`` finds nothing to complain about in a live scrape.
+
+Needs the ``prometheus`` and ``promtool`` binaries (Debian package ``prometheus``, installed by
+``scripts/install-system-deps.sh``, which ``make test`` runs first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from collector.promnames import prom_metric
+from collector.sinks.base import SinkContext
+from collector.sinks.prometheus import PrometheusSink
+from tests.collector.sinks.conftest import jsonl_view, make_records
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+HEALTH = {
+    "messages_received": 7,
+    "events_received": 70,
+    "malformed": {"undecodable": 1},
+    "late": 0,
+    "partial_steps": 0,
+    "steps_emitted": 3,
+    "producers": 2,
+    "producer_dropped": 0,
+    "sinks": {
+        "jsonl": {"queue_depth": 0, "written": 3, "errors": 0, "dropped": 0, "lag_seconds": 0.0}
+    },
+}
+
+
+def _need(binary: str) -> None:
+    if not Path(binary).exists():
+        pytest.skip(f"{Path(binary).name} is not installed: run scripts/install-system-deps.sh")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sink() -> Iterator[PrometheusSink]:
+    sink = PrometheusSink.from_kwargs(
+        {"host": "127.0.0.1", "port": 0}, SinkContext(health=lambda: HEALTH)
+    )
+    sink.open()
+    yield sink
+    sink.close()
+
+
+@contextlib.contextmanager
+def _prometheus(tmp_path: Path, target: str) -> Iterator[str]:
+    """A Prometheus server scraping ``target`` (host:port) every second; yields its base URL."""
+    _need(PROMETHEUS)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: rlpulse\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    web = f"127.0.0.1:{_free_port()}"
+    with (tmp_path / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address={web}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        try:
+            _wait(lambda: _get(f"http://{web}/-/ready") is not None, proc, "prometheus ready")
+            yield f"http://{web}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, sink: PrometheusSink) -> Iterator[str]:
+    host, port = sink.address
+    with _prometheus(tmp_path, f"{host}:{port}") as base:
+        yield base
+
+
+def _get(url: str) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read()
+    except OSError:
+        return None
+
+
+def _wait(
+    ready: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 30.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"prometheus exited ({proc.returncode}) waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _query(base: str, promql: str) -> list[dict]:
+    body = _get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
+    if body is None:
+        return []
+    answer = json.loads(body)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def _targets(base: str) -> list[dict]:
+    body = _get(f"{base}/api/v1/targets")
+    targets = json.loads(body)["data"]["activeTargets"] if body else []
+    return [{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")} for t in targets]
+
+
+def _series(base: str, promql: str, timeout: float = 30.0) -> list[dict]:
+    """The query's result once Prometheus has scraped something for it."""
+    deadline = time.monotonic() + timeout
+    while not (result := _query(base, promql)):
+        assert time.monotonic() < deadline, f"nothing for {promql}: {_targets(base)}"
+        time.sleep(0.3)
+    return result
+
+
+def test_promql_returns_what_the_jsonl_sink_wrote(
+    tmp_path: Path, sink: PrometheusSink, prometheus: str
+) -> None:
+    records = make_records("run-1", 3)
+    for record in records:
+        sink.write(record)
+    expected = jsonl_view(records, tmp_path / "out.jsonl")[("run-1", 2)]
+
+    names = [
+        "time/rollout",
+        "critic/score/mean",
+        "system/tokens",
+        "memory/actor_train/train_step/end/onload/max_allocated/0",
+    ]
+    promql = {n: f'{prom_metric(n).name}{{run="run-1"}}' for n in names}
+    _series(prometheus, promql[names[-1]])
+    for name in names:
+        (series,) = _query(prometheus, promql[name])
+        # Derived metrics have no role; Prometheus drops an empty label.
+        assert series["metric"].get("role", "") == records[-1].roles.get(name, ""), name
+        assert float(series["value"][1]) == expected[name] * prom_metric(name).scale, name
+
+    (health,) = _query(prometheus, 'rlpulse_sink_written_total{sink="jsonl"}')
+    assert float(health["value"][1]) == 3
+    (up,) = _query(prometheus, 'up{job="rlpulse"}')
+    assert up["value"][1] == "1"
+
+
+def test_promtool_finds_nothing_wrong_with_a_live_scrape(sink: PrometheusSink) -> None:
+    _need(PROMTOOL)
+    for record in make_records("run-1", 2):  # every catalog name, and one outside it
+        sink.write(record)
+    host, port = sink.address
+    scrape = _get(f"http://{host}:{port}/metrics")
+    assert scrape is not None and b"rlpulse_system_tokens_total" in scrape
+    check = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=scrape, capture_output=True, timeout=60
+    )
+    assert (check.returncode, check.stdout + check.stderr) == (0, b"")
+
+
+def test_collector_daemon_end_to_end(tmp_path: Path) -> None:
+    """Producer -> collector daemon (jsonl + prometheus sinks) -> Prometheus server -> PromQL."""
+    _need(PROMETHEUS)
+    from collector.launch import start_collector
+    from producer.client import Producer
+
+    out, port = tmp_path / "out.jsonl", _free_port()
+    config = {
+        "track_with": ["jsonl", "prometheus"],
+        "tracker_kwargs": {"jsonl": {"path": str(out)}, "prometheus": {"port": port}},
+    }
+    with (tmp_path / "collector.log").open("w") as log:
+        collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
+    try:
+        producer = Producer(collector.address, run="e2e", role="actor_train")
+        for step in range(3):
+            producer.log({"time/rollout": 1.25 + step, "critic/score": [0.5, 1.0, step]}, step=step)
+        producer.close()
+        deadline = time.monotonic() + 30
+        while not out.exists() or len(out.read_text().splitlines()) < 3:
+            assert time.monotonic() < deadline, "the collector never emitted 3 steps"
+            time.sleep(0.2)
+        last = json.loads(out.read_text().splitlines()[-1])
+        assert last["step"] == 2
+        with _prometheus(tmp_path, f"127.0.0.1:{port}") as base:
+            for name in ("time/rollout", "critic/score/mean", "critic/score/max"):
+                pm = prom_metric(name)
+                (series,) = _series(base, f'{pm.name}{{run="e2e"}}')
+                assert series["metric"]["role"] == "actor_train"
+                assert float(series["value"][1]) == last["metrics"][name] * pm.scale, name
+            (emitted,) = _series(base, "rlpulse_collector_steps_emitted_total")
+            assert float(emitted["value"][1]) == 3
+            (written,) = _series(base, 'rlpulse_sink_written_total{sink="jsonl"}')
+            assert float(written["value"][1]) == 3
+    finally:
+        assert collector.stop() == 0
