@@ -81,6 +81,8 @@ class StepState:
     t_last: float = -math.inf
     nonfinite: Counter[str] = field(default_factory=Counter)
     first_done_at: float | None = None
+    position: object = None
+    """Write-ahead-log position of the step's first data: the log is needed from here on."""
 
     def grow(self, n: int) -> None:
         """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""
@@ -140,7 +142,6 @@ class Aggregator:
         max_open_steps: int = 64,
         tps_window: int = 1,
         max_names_per_run: int = 10_000,
-        max_pending_unknown: int = 10_000,
     ) -> None:
         self.emit = emit
         self.health = health or Health()
@@ -150,29 +151,29 @@ class Aggregator:
         self.max_open_steps = max_open_steps
         self.tps_window = tps_window
         self.max_names_per_run = max_names_per_run
-        self.max_pending_unknown = max_pending_unknown
         self.producers: dict[int, ProducerInfo] = {}
         self.runs: dict[str, RunState] = {}
-        self._unknown: dict[int, list[protocol.Message]] = {}
-        self._unknown_count = 0
         self._ratelog = RateLimitedLog(log)
 
     # ------------------------------------------------------------------ messages
 
-    def handle(self, msg: protocol.Message, now: float) -> None:
-        """Apply one decoded message."""
+    def handle(
+        self, msg: protocol.Message, now: float, position: object = None, replay: bool = False
+    ) -> None:
+        """Apply one decoded message. ``position`` is where it starts in the write-ahead log;
+        with ``replay`` (recovery), data for steps already emitted is skipped silently."""
         if isinstance(msg, protocol.Hello):
             self._hello(msg, now)
             return
         prod = self.producers.get(msg.producer)
         if prod is None:
-            self._hold_unknown(msg)
+            self.health.unknown_producer += 1
             return
         prod.last_seen = now
         if isinstance(msg, protocol.Metrics):
             run = self.runs[prod.run]
             for entry in msg.entries:
-                self._entry(run, prod, entry, now)
+                self._entry(run, prod, entry, now, position, replay)
         elif isinstance(msg, protocol.Done):
             self._advance(prod, msg.step, now)
         elif isinstance(msg, protocol.Heartbeat):
@@ -184,18 +185,6 @@ class Aggregator:
     def _stats(self, prod: ProducerInfo, stats: Mapping[str, int]) -> None:
         prod.stats = stats
         self.health.producer_stats[prod.pid] = stats
-
-    def _hold_unknown(self, msg: protocol.Message) -> None:
-        """Keep messages of a producer we have not heard a hello from (we restarted, or the
-        hello is still in flight); its next hello replays them."""
-        if self._unknown_count >= self.max_pending_unknown:
-            self.health.unknown_producer += 1
-            self._ratelog.warn(
-                "unknown", f"dropping messages from unregistered producer {msg.producer:x}"
-            )
-            return
-        self._unknown.setdefault(msg.producer, []).append(msg)
-        self._unknown_count += 1
 
     def _hello(self, msg: protocol.Hello, now: float) -> None:
         prod = self.producers.get(msg.producer)
@@ -238,10 +227,6 @@ class Aggregator:
                 msg.host,
             )
         self.health.producers = len(self.producers)
-        held = self._unknown.pop(msg.producer, [])
-        self._unknown_count -= len(held)
-        for m in held:
-            self.handle(m, now)
 
     # ------------------------------------------------------------------ merging
 
@@ -301,12 +286,24 @@ class Aggregator:
         run.steps[step] = state
         return state
 
-    def _entry(self, run: RunState, prod: ProducerInfo, entry: protocol.Entry, now: float) -> None:
-        self.health.events_received += 1
+    def _entry(
+        self,
+        run: RunState,
+        prod: ProducerInfo,
+        entry: protocol.Entry,
+        now: float,
+        position: object,
+        replay: bool,
+    ) -> None:
+        if not replay:
+            self.health.events_received += 1
         step = entry.step
         state = run.steps.get(step)
         if state is None:
             if step <= run.last_emitted:
+                if replay:
+                    self._advance(prod, step - 1, now)
+                    return
                 self.health.late += 1
                 self._ratelog.warn(
                     f"late:{run.name}",
@@ -315,6 +312,7 @@ class Aggregator:
                 )
                 return
             state = self._open(run, step, now)
+            state.position = position
         layout = self._layout(run, entry)
         rows = entry.values if layout.keep is None else entry.values[layout.keep]
         if len(layout.idx):
@@ -342,6 +340,67 @@ class Aggregator:
                 state.done.add(prod.slot)
                 if state.first_done_at is None:
                     state.first_done_at = now
+
+    # ------------------------------------------------------------------ durable state
+
+    def oldest_position(self) -> object:
+        """The earliest write-ahead-log position an open step still needs, or None."""
+        positions = [
+            st.position
+            for run in self.runs.values()
+            for st in run.steps.values()
+            if st.position is not None
+        ]
+        return min(positions) if positions else None  # type: ignore[type-var]
+
+    def note_emitted(self, record: StepRecord) -> None:
+        """Recovery: ``record`` is in the outbox already; never emit that step again, and
+        continue its run's throughput window and cumulative totals from it."""
+        run = self.runs.get(record.run)
+        if run is None:
+            run = self.runs[record.run] = RunState(record.run, 0.0)
+        run.last_emitted = max(run.last_emitted, record.step)
+        run.ends.append((record.time, record.metrics.get(M.SYSTEM_STEP_TOKENS.name)))
+        while len(run.ends) > self.tps_window + 1:
+            run.ends.popleft()
+        for total in (M.SYSTEM_SAMPLES.name, M.SYSTEM_TOKENS.name):
+            if total in record.metrics:
+                run.cumulative[total] = record.metrics[total]
+
+    def snapshot(self) -> dict:
+        """Producers and per-run progress (open steps excluded: they are rebuilt from the log)."""
+        return {
+            "producers": {
+                str(p.pid): [p.run, p.role, p.rank, p.world_size, p.host, p.watermark]
+                for p in self.producers.values()
+            },
+            "runs": {
+                run.name: {
+                    "roles": run.roles,
+                    "role_bits": run.role_bits,
+                    "slots": [[role, rank, pid] for (role, rank), pid in run.slots.items()],
+                    "last_emitted": run.last_emitted,
+                    "ends": list(run.ends),
+                    "cumulative": run.cumulative,
+                }
+                for run in self.runs.values()
+            },
+        }
+
+    def restore(self, snapshot: Mapping, now: float) -> None:
+        for pid, (run, role, rank, ws, host, watermark) in snapshot.get("producers", {}).items():
+            self.producers[int(pid)] = ProducerInfo(
+                int(pid), run, role, rank, ws, host, now, watermark
+            )
+        for name, data in snapshot.get("runs", {}).items():
+            run = self.runs[name] = RunState(name, now)
+            run.roles = dict(data["roles"])
+            run.role_bits = dict(data["role_bits"])
+            run.slots = {(role, rank): int(pid) for role, rank, pid in data["slots"]}
+            run.last_emitted = int(data["last_emitted"])
+            run.ends = deque(tuple(e) for e in data["ends"])  # type: ignore[misc]
+            run.cumulative = dict(data["cumulative"])
+        self.health.producers = len(self.producers)
 
     # ------------------------------------------------------------------ emitting
 

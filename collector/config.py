@@ -48,6 +48,15 @@ class CollectorConfig:
     * ``sink_queue``: steps buffered per sink before that sink starts dropping.
     * ``sink_retries``: attempts per step for a failing sink, with backoff in between.
     * ``sink_close_s``: time each sink gets to flush and close at shutdown.
+    * ``state_dir``: where the write-ahead log, the outbox of emitted steps and the sinks'
+      cursors live. With it, a crash or restart loses nothing that was acknowledged, and a
+      failing sink catches up later; without it, state is in memory only.
+    * ``fsync``: also fsync the logs before acknowledging (survives power loss, not only a
+      crash of the collector; costs a disk flush per receive batch).
+    * ``max_names_per_entry``, ``max_name_length``, ``max_names_per_run``: input limits (a
+      cardinality bomb must not take memory without bound).
+    * ``curve``: CurveZMQ encryption and authentication, ``{server_cert: <server>.key_secret,
+      clients_dir: <folder of allowed clients' .key files>}`` (``python -m collector keygen``).
     """
 
     bind: str = DEFAULT_BIND
@@ -60,6 +69,14 @@ class CollectorConfig:
     sink_queue: int = 1024
     sink_retries: int = 5
     sink_close_s: float = 10.0
+    state_dir: str | None = None
+    fsync: bool = False
+    checkpoint_s: float = 5.0
+    segment_bytes: int = 64 * 1024 * 1024
+    max_names_per_entry: int = 10_000
+    max_name_length: int = 256
+    max_names_per_run: int = 10_000
+    curve: Mapping[str, str] | None = None
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -67,7 +84,7 @@ class CollectorConfig:
             raise ConfigError(
                 "bind", "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555", self.bind
             )
-        for name in ("grace_s", "liveness_s", "sink_close_s"):
+        for name in ("grace_s", "liveness_s", "sink_close_s", "checkpoint_s"):
             value = getattr(self, name)
             if (
                 not isinstance(value, (int, float))
@@ -76,12 +93,29 @@ class CollectorConfig:
                 or not math.isfinite(value)
             ):
                 raise ConfigError(name, "must be a positive number of seconds", value)
-        for name in ("max_open_steps", "tps_window", "max_message_bytes", "sink_queue"):
+        for name in (
+            "max_open_steps",
+            "tps_window",
+            "max_message_bytes",
+            "sink_queue",
+            "segment_bytes",
+            "max_names_per_entry",
+            "max_name_length",
+            "max_names_per_run",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, "must be a positive integer", value)
         if not isinstance(self.sink_retries, int) or self.sink_retries < 0:
             raise ConfigError("sink_retries", "must be a non-negative integer", self.sink_retries)
+        if self.state_dir is not None and (
+            not isinstance(self.state_dir, str) or not self.state_dir
+        ):
+            raise ConfigError("state_dir", "must be a directory path", self.state_dir)
+        if not isinstance(self.fsync, bool):
+            raise ConfigError("fsync", "must be true or false", self.fsync)
+        if self.curve is not None:
+            _check_curve(self.curve)
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError("log_level", "must be DEBUG, INFO, WARNING or ERROR", self.log_level)
         for name, kwargs in self.trackers.items():
@@ -145,3 +179,23 @@ def _trackers(track_with: Any, kwargs: Any) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"tracker_kwargs.{name}", "must be a mapping", sub)
         out[name] = dict(sub)
     return out
+
+
+def _check_curve(curve: object) -> None:
+    if not isinstance(curve, Mapping) or set(curve) != {"server_cert", "clients_dir"}:
+        raise ConfigError(
+            "curve", "must be a mapping with exactly server_cert and clients_dir", curve
+        )
+    cert, clients = Path(str(curve["server_cert"])), Path(str(curve["clients_dir"]))
+    if not cert.is_file():
+        raise ConfigError(
+            "curve.server_cert",
+            "is not a file (make one with `python -m collector keygen`)",
+            str(cert),
+        )
+    if not clients.is_dir():
+        raise ConfigError(
+            "curve.clients_dir",
+            "is not a folder of allowed client public keys (*.key)",
+            str(clients),
+        )

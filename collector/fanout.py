@@ -1,10 +1,17 @@
-"""Fan-out: every sink on its own thread with its own bounded queue.
+"""Fan-out: every sink on its own thread, fed from its own queue or the durable outbox.
 
-A sink that raises is retried with exponential backoff and jitter, its errors counted; after
-``retries`` failed attempts the step is dropped for that sink (counted, logged). A sink that
-hangs fills its own queue and then drops its own steps; nobody else waits for it. At shutdown
-every worker drains its queue and closes its sink within ``close_s``; a worker that cannot is
-abandoned with an error logged, so the daemon still exits.
+A sink that raises is retried with exponential backoff and jitter, its errors counted. A sink
+that hangs delays only itself. Two feeds:
+
+* in memory (no ``state_dir``): a bounded queue per sink; after ``retries`` failed attempts a
+  step is dropped for that sink, and a full queue drops new steps for it (both counted);
+* the outbox (with ``state_dir``): the sink reads emitted steps from disk at its own pace and
+  keeps its cursor there, so a sink that is down for minutes catches up, in order and without
+  loss, when it recovers; its lag is visible meanwhile. Nothing is dropped.
+
+At shutdown every worker writes what it has and closes its sink within ``close_s``; a worker
+that cannot is abandoned with an error logged, so the daemon still exits (with the outbox, its
+cursor says where to resume next time).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from collector.durable import DurableState, OutboxReader
 from collector.ratelog import RateLimitedLog
 from collector.sinks.base import Sink
 from schemas.record import StepRecord
@@ -25,7 +33,7 @@ _STOP = object()
 
 
 class SinkWorker:
-    """Feeds one sink from its queue. ``sleep`` and ``clock`` are injectable for tests."""
+    """Feeds one sink. ``clock`` is injectable for tests."""
 
     def __init__(
         self,
@@ -36,6 +44,7 @@ class SinkWorker:
         retries: int = 5,
         backoff_s: float = 0.1,
         backoff_max_s: float = 5.0,
+        reader: OutboxReader | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -44,22 +53,33 @@ class SinkWorker:
         self.retries = retries
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
+        self.reader = reader
         self._rng = rng or random.Random()
         self._clock = clock
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._notify = threading.Event()
         self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._ratelog = RateLimitedLog(log)
+        self._skip: Mapping[str, int] = {}
         self.written = 0
         self.errors = 0
         self.dropped = 0
+        self.backlog: Callable[[], int] = self._queue.qsize
         self.thread = threading.Thread(target=self._run, name=f"rlpulse-sink-{name}", daemon=True)
 
     def start(self) -> None:
+        if self.reader is not None:
+            # What the sink's own output already holds is not written again (a crash between
+            # a write and its cursor update would otherwise duplicate one step).
+            self._skip = self.reader.written_through(self.sink)
         self.thread.start()
 
     def put(self, record: StepRecord) -> None:
-        """Queue a step; never blocks. A full queue drops the step for this sink only."""
+        """Queue a step (in-memory feed) or say the outbox has more; never blocks."""
+        if self.reader is not None:
+            self._notify.set()
+            return
         try:
             self._queue.put_nowait((self._clock(), record))
         except queue.Full:
@@ -71,14 +91,14 @@ class SinkWorker:
 
     def stats(self) -> dict[str, float]:
         oldest = self._busy_since
-        if oldest is None:
+        if oldest is None and self.reader is None:
             try:
                 oldest = self._queue.queue[0][0]
             except IndexError:
                 oldest = None
         lag = 0.0 if oldest is None else max(0.0, self._clock() - oldest)
         return {
-            "queue_depth": self._queue.qsize(),
+            "queue_depth": self.backlog(),
             "written": self.written,
             "errors": self.errors,
             "dropped": self.dropped,
@@ -89,35 +109,67 @@ class SinkWorker:
         base = min(self.backoff_max_s, self.backoff_s * 2**attempt)
         return base * self._rng.uniform(0.5, 1.5)
 
-    def _write(self, record: StepRecord) -> None:
-        for attempt in range(self.retries + 1):
+    def _write(self, record: StepRecord, forever: bool) -> bool:
+        """Write with retries; True once written. ``forever``: keep trying until stopped."""
+        attempt = 0
+        while True:
             try:
                 self.sink.write(record)
                 self.written += 1
-                return
+                return True
             except Exception as exc:
                 self.errors += 1
-                if attempt == self.retries:
-                    self.dropped += 1
+                give_up = attempt >= self.retries and (not forever or self._stopping.is_set())
+                if give_up:
+                    if not forever:
+                        self.dropped += 1
                     self._ratelog.warn(
                         "gave-up",
                         f"sink {self.name}: gave up on step {record.step} after {attempt + 1} attempts: {exc!r}",
                     )
-                    return
+                    return False
                 self._ratelog.warn("error", f"sink {self.name}: write failed ({exc!r}); retrying")
                 # While stopping, retry without waiting: close_s bounds the whole drain.
                 if not self._stopping.is_set():
-                    self._stopping.wait(self._backoff(attempt))
+                    self._stopping.wait(self._backoff(min(attempt, 30)))
+                attempt += 1
 
-    def _run(self) -> None:
+    def _run_queue(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
-                break
+                return
             enqueued, record = item
             self._busy_since = enqueued
-            self._write(record)
+            self._write(record, forever=False)
             self._busy_since = None
+
+    def _run_outbox(self) -> None:
+        reader = self.reader
+        assert reader is not None
+        offset = time.time() - self._clock()  # outbox times are wall-clock
+        while True:
+            batch = reader.read() if reader.available() else []
+            if not batch:
+                if self._stopping.is_set():
+                    return
+                self._notify.wait(0.1)
+                self._notify.clear()
+                continue
+            for position, emitted_at, record in batch:
+                if record.step > self._skip.get(record.run, -1):
+                    self._busy_since = emitted_at - offset
+                    if not self._write(record, forever=True):
+                        return  # stopping with a sink that still fails: resume here next start
+                reader.commit(position)
+                self._busy_since = None
+
+    def _run(self) -> None:
+        try:
+            self._run_outbox() if self.reader is not None else self._run_queue()
+        except Exception as exc:
+            self.errors += 1
+            log.error("sink %s: worker stopped on an unexpected error: %r", self.name, exc)
         try:
             self.sink.close()
         except Exception as exc:
@@ -125,8 +177,11 @@ class SinkWorker:
             log.error("sink %s: close failed: %r", self.name, exc)
 
     def stop(self) -> None:
-        """Ask the worker to drain and close; the stop marker waits behind queued steps."""
+        """Ask the worker to write what is pending and close; queued steps go first."""
         self._stopping.set()
+        self._notify.set()
+        if self.reader is not None:
+            return
         while True:
             try:
                 self._queue.put(_STOP, timeout=0.1)
@@ -157,12 +212,25 @@ class FanOut:
         retries: int = 5,
         close_s: float = 10.0,
         backoff_s: float = 0.1,
+        durable: DurableState | None = None,
     ) -> None:
         self.close_s = close_s
         self.workers: Sequence[SinkWorker] = [
-            SinkWorker(name, sink, queue_size=queue_size, retries=retries, backoff_s=backoff_s)
+            SinkWorker(
+                name,
+                sink,
+                queue_size=queue_size,
+                retries=retries,
+                backoff_s=backoff_s,
+                reader=OutboxReader(durable, name) if durable is not None else None,
+            )
             for name, sink in sinks.items()
         ]
+        if durable is not None:
+            for worker in self.workers:
+                worker.backlog = lambda w=worker: max(
+                    0, durable.next_record_seq - 1 - _written_seq(w)
+                )
         self._closed = False
 
     def start(self) -> None:
@@ -172,6 +240,11 @@ class FanOut:
     def put(self, record: StepRecord) -> None:
         for worker in self.workers:
             worker.put(record)
+
+    def notify(self) -> None:
+        """The outbox has new steps (after a commit)."""
+        for worker in self.workers:
+            worker._notify.set()
 
     def stats(self) -> dict[str, dict[str, float]]:
         return {w.name: w.stats() for w in self.workers}
@@ -190,8 +263,13 @@ class FanOut:
             if worker.thread.is_alive():
                 abandoned.append(worker.name)
                 log.error(
-                    "sink %s did not flush and close within %.1fs; abandoned (its pending steps are lost)",
+                    "sink %s did not flush and close within %.1fs; abandoned",
                     worker.name,
                     self.close_s,
                 )
         return abandoned
+
+
+def _written_seq(worker: SinkWorker) -> int:
+    reader = worker.reader
+    return reader.last_seq if reader is not None else 0

@@ -28,6 +28,9 @@ class Health:
         self.partial_steps = 0
         self.steps_emitted = 0
         self.unknown_producer = 0
+        self.duplicates = 0
+        self.out_of_order = 0
+        self.handshake_failed = 0
         self.kind_mismatch = 0
         self.derived_logged = 0
         self.names_overflow = 0
@@ -40,9 +43,9 @@ class Health:
         self.malformed[reason] += 1
 
     def producer_dropped(self) -> int:
-        """Log calls producers reported dropping (queue full or refused by ZeroMQ)."""
-        stats = list(self.producer_stats.values())
-        return sum(s.get("dropped_queue_full", 0) + s.get("dropped_send", 0) for s in stats)
+        """Log calls producers reported dropping (queue or buffer full, unacknowledged at close)."""
+        keys = ("dropped_queue_full", "dropped_buffer_full", "dropped_send")
+        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in keys)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -53,6 +56,9 @@ class Health:
             "partial_steps": self.partial_steps,
             "steps_emitted": self.steps_emitted,
             "unknown_producer": self.unknown_producer,
+            "duplicates": self.duplicates,
+            "out_of_order": self.out_of_order,
+            "handshake_failed": self.handshake_failed,
             "kind_mismatch": self.kind_mismatch,
             "derived_logged": self.derived_logged,
             "names_overflow": self.names_overflow,

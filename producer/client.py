@@ -21,11 +21,11 @@ from typing import Any
 
 import zmq
 
-from producer.env import default_address
+from producer.env import curve_from_env, default_address
 from producer.memory import MemoryProbe
 from producer.phase import Phase, PhaseNames
 from producer.reduce import InvalidValue, reduce_value
-from producer.sender import DONE, FLUSH, INVALID, LOG, Sender
+from producer.sender import DONE, FLUSH, INVALID, LOG, CurveKeys, Sender
 from schemas.catalog import Catalog
 from schemas.metrics import CATALOG
 from schemas.reductions import Reduction
@@ -45,6 +45,11 @@ class Producer:
 
     ``reductions`` declares how names outside the catalog merge (``{"my/peak": "max"}``);
     the catalog's own declarations cannot be overridden.
+
+    Delivery is acknowledged: up to ``max_unacked`` messages are kept and resent until the
+    collector has them in its write-ahead log, so a collector restart loses nothing. ``curve``
+    (or the ``RLPULSE_CURVE_*`` environment variables) turns on CurveZMQ encryption and
+    authentication.
     """
 
     def __init__(
@@ -60,6 +65,9 @@ class Producer:
         heartbeat_s: float = 1.0,
         close_timeout_s: float = 2.0,
         sndhwm: int = 1000,
+        max_unacked: int = 10_000,
+        resend_s: float = 2.0,
+        curve: CurveKeys | None = None,
         catalog: Catalog = CATALOG,
         context: zmq.Context | None = None,
         memory_probe: MemoryProbe | None = None,
@@ -106,6 +114,9 @@ class Producer:
             heartbeat_s=heartbeat_s,
             sndhwm=sndhwm,
             context=context or zmq.Context(),
+            max_unacked=max_unacked,
+            resend_s=resend_s,
+            curve=curve or curve_from_env(),
         )
         self._sender.close_timeout_s = close_timeout_s
         self._sender.start()
@@ -188,7 +199,8 @@ class Producer:
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until everything logged so far is handed to ZeroMQ; False on timeout."""
+        """Wait until the collector has acknowledged everything logged so far; False on
+        timeout (the data stays buffered and is still delivered later)."""
         if self._closed or not self._sender.is_alive():
             return False
         done = threading.Event()
@@ -226,13 +238,17 @@ class Producer:
     # ------------------------------------------------------------------ accounting
 
     def stats(self) -> dict[str, int]:
-        """Counters: calls queued (``logged``), messages sent, calls dropped because the queue
-        was full or ZeroMQ refused them, invalid values, non-finite samples left out, errors."""
+        """Counters: calls queued (``logged``), messages sent and resent, messages awaiting
+        acknowledgement, calls dropped (caller queue full, unacked buffer full, or still
+        unacknowledged at close), invalid values, non-finite samples left out, errors."""
         c = self._sender.counters
         return {
             "logged": self._logged,
             "sent_messages": c.sent_messages,
+            "resent_messages": c.resent_messages,
+            "unacked": self._sender.unacked,
             "dropped_queue_full": self._dropped_full,
+            "dropped_buffer_full": c.dropped_buffer_full,
             "dropped_send": c.dropped_send,
             "invalid": self._invalid + c.invalid,
             "nonfinite": c.nonfinite,

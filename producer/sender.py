@@ -1,10 +1,19 @@
-"""The producer's background thread: encodes queued ``log()`` calls and sends them.
+"""The producer's background thread: encodes queued ``log()`` calls, sends, resends until
+acknowledged.
 
 Only this thread touches the ZeroMQ socket (sockets are not thread-safe). It wakes when the
-caller queues work or a heartbeat is due, drains everything queued into as few messages as
-possible (one frame carrying many entries is an order of magnitude cheaper than one frame
-each), and sends without blocking: when ZeroMQ's queue is full the message is dropped and its
-entries counted, never retried in a loop that could grow without bound.
+caller queues work, and at least every ``POLL_S`` to read acknowledgements and send
+heartbeats. Everything queued is drained into as few messages as possible (one frame with
+many entries is an order of magnitude cheaper than one frame each).
+
+Delivery is at least once, made exactly once by the collector's deduplication: every data
+message (``metrics``, ``done``, ``bye``) gets the next sequence number and stays in a bounded
+*unacked* buffer until the collector acknowledges it (cumulatively, once it is in its
+write-ahead log). Messages are resent, in order, after a reconnection or when
+acknowledgements stall for ``resend_s``. Sends never block: with ``ZMQ_IMMEDIATE`` nothing is
+queued to a collector that is not connected, so a message waits in our buffer instead. When
+the buffer is full, new messages are dropped and counted (``dropped_buffer_full``), never
+silently; the counts travel with every heartbeat.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -24,6 +34,7 @@ import zmq
 from producer.reduce import Pending
 from schemas import protocol
 from schemas.catalog import Catalog
+from schemas.errors import SchemaError
 from schemas.reductions import Reduction
 
 log = logging.getLogger("rlpulse.producer")
@@ -34,10 +45,18 @@ INVALID = object()
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
 """Heartbeats between re-registrations, so a restarted collector learns who we are."""
-CONNECT_GRACE_S = 0.5
-"""At close, how long a connection still being set up may take before we stop waiting."""
+POLL_S = 0.05
 _BIG_ENDIAN = sys.byteorder != "little"
 _FLOAT = (float, int)
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """CurveZMQ keys (Z85 bytes): the collector's public key and this client's key pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
 
 
 class SenderCounters:
@@ -45,10 +64,22 @@ class SenderCounters:
 
     def __init__(self) -> None:
         self.sent_messages = 0
+        self.resent_messages = 0
+        self.dropped_buffer_full = 0
         self.dropped_send = 0
         self.nonfinite = 0
         self.invalid = 0
         self.errors = 0
+
+
+class _Outgoing:
+    __slots__ = ("entries", "payload", "seq", "size")
+
+    def __init__(self, seq: int, payload: bytes, entries: int) -> None:
+        self.seq = seq
+        self.payload = payload
+        self.entries = entries
+        self.size = len(payload)
 
 
 class Sender(threading.Thread):
@@ -69,6 +100,10 @@ class Sender(threading.Thread):
         heartbeat_s: float,
         sndhwm: int,
         context: zmq.Context,
+        max_unacked: int = 10_000,
+        max_unacked_bytes: int = 256 * 1024 * 1024,
+        resend_s: float = 2.0,
+        curve: CurveKeys | None = None,
     ) -> None:
         super().__init__(name=f"rlpulse-sender-{identity['role']}-{identity['rank']}", daemon=True)
         self.address = address
@@ -81,41 +116,72 @@ class Sender(threading.Thread):
         self.stats = stats
         self.warn_once = warn_once
         self.heartbeat_s = heartbeat_s
+        self.max_unacked = max_unacked
+        self.max_unacked_bytes = max_unacked_bytes
+        self.resend_s = resend_s
         self.counters = SenderCounters()
         self.stopping = threading.Event()
         self.close_timeout_s = 2.0
-        self._seq = 0
+        self._next_seq = 1
+        self._acked = 0
+        self._unacked: deque[_Outgoing] = deque()
+        self._unacked_bytes = 0
+        self._unsent: deque[_Outgoing] = deque()
+        self._progress_at = time.monotonic()
+        self._flush_waiters: list[tuple[int, threading.Event]] = []
         self._kinds: dict[str, int] = {}
         self._socket = context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        if curve is not None:
+            self._socket.curve_serverkey = curve.server_public
+            self._socket.curve_publickey = curve.public
+            self._socket.curve_secretkey = curve.secret
         self._monitor = self._socket.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
         )
         self._connected = False
+        self._ever_connected = False
+        self._refused = False
         self._socket.connect(address)
         self._context = context
 
-    # ------------------------------------------------------------------ sending
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
 
-    def _next_seq(self) -> int:
-        seq = self._seq
-        self._seq += 1
-        return seq
+    # ------------------------------------------------------------------ the connection
 
-    def _send(self, payload: bytes, entries: int = 0) -> bool:
+    def _watch_connection(self, wait_s: float = 0.0) -> None:
+        """Track whether a collector is connected; resend everything unacked on (re)connect.
+        With ``wait_s``, wait that long for a connection, unless one is refused first."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            waiting = not self._connected and not self._refused
+            timeout_ms = max(0, int((deadline - time.monotonic()) * 1000)) if waiting else 0
+            if not self._monitor.poll(timeout_ms):
+                return
+            frames = self._monitor.recv_multipart()
+            event = int.from_bytes(frames[0][:2], "little")
+            if event == zmq.EVENT_CONNECT_RETRIED:
+                self._refused = True  # nobody listening there right now
+                continue
+            was = self._connected
+            self._connected = event == zmq.EVENT_CONNECTED
+            self._refused = False
+            self._ever_connected |= self._connected
+            if self._connected and not was:
+                self._hello()
+                self._resend_all()
+
+    def _send_raw(self, payload: bytes) -> bool:
         try:
             self._socket.send(payload, zmq.NOBLOCK)
         except zmq.Again:
-            self.counters.dropped_send += entries
-            self.warn_once(
-                "send",
-                f"collector at {self.address} is not keeping up or not reachable; dropping (counted in stats())",
-            )
             return False
         except zmq.ZMQError as exc:
             self.counters.errors += 1
-            self.counters.dropped_send += entries
             self.warn_once("send-error", f"send failed: {exc}")
             return False
         self.counters.sent_messages += 1
@@ -123,10 +189,11 @@ class Sender(threading.Thread):
 
     def _hello(self) -> None:
         ident = self.identity
-        self._send(
+        base = self._unacked[0].seq if self._unacked else self._next_seq
+        self._send_raw(
             protocol.encode_hello(
                 self.producer_id,
-                self._next_seq(),
+                base,
                 run=ident["run"],
                 role=ident["role"],
                 rank=ident["rank"],
@@ -134,17 +201,74 @@ class Sender(threading.Thread):
             )
         )
 
-    def _watch_connection(self, wait_s: float = 0.0) -> None:
-        """Track whether a collector is connected, so close() need not linger for nobody.
-        With ``wait_s``, give a connection still being set up that long to complete."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            timeout_ms = 0 if self._connected else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._monitor.poll(timeout_ms):
+    # ------------------------------------------------------------------ reliable delivery
+
+    def _enqueue(self, encode: Callable[[int], bytes], entries: int) -> None:
+        """Give the next sequence number to a data message and keep it until acknowledged."""
+        if len(self._unacked) >= self.max_unacked or self._unacked_bytes >= self.max_unacked_bytes:
+            self.counters.dropped_buffer_full += max(entries, 1)
+            self.warn_once(
+                "buffer-full",
+                f"{len(self._unacked)} messages await acknowledgement from {self.address}; dropping new ones (counted in stats())",
+            )
+            return
+        item = _Outgoing(self._next_seq, encode(self._next_seq), entries)
+        self._next_seq += 1
+        self._unacked.append(item)
+        self._unacked_bytes += item.size
+        self._unsent.append(item)
+
+    def _pump(self) -> None:
+        """Send unsent messages in order until ZeroMQ refuses one (full). Nothing goes out
+        before the connection is seen, so the hello always comes first."""
+        unsent = self._unsent
+        while unsent and self._connected:
+            if not self._send_raw(unsent[0].payload):
                 return
-            frames = self._monitor.recv_multipart()
-            event = int.from_bytes(frames[0][:2], "little")
-            self._connected = event == zmq.EVENT_CONNECTED
+            unsent.popleft()
+
+    def _resend_all(self) -> None:
+        if self._unacked:
+            self.counters.resent_messages += len(self._unacked) - len(self._unsent)
+            self._unsent = deque(self._unacked)
+        self._progress_at = time.monotonic()
+
+    def _read_acks(self) -> None:
+        while True:
+            try:
+                payload = self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                msg = protocol.decode(payload)
+            except SchemaError as exc:
+                self.counters.errors += 1
+                self.warn_once("bad-ack", f"unreadable reply from the collector: {exc}")
+                continue
+            if isinstance(msg, protocol.Ack) and msg.seq > self._acked:
+                self._acked = msg.seq
+                self._progress_at = time.monotonic()
+        unacked = self._unacked
+        while unacked and unacked[0].seq <= self._acked:
+            self._unacked_bytes -= unacked.popleft().size
+        while self._unsent and self._unsent[0].seq <= self._acked:
+            self._unsent.popleft()
+        if self._flush_waiters:
+            waiting = []
+            for target, event in self._flush_waiters:
+                if self._acked >= target:
+                    event.set()
+                else:
+                    waiting.append((target, event))
+            self._flush_waiters = waiting
+
+    def _check_stall(self) -> None:
+        if (
+            self._unacked
+            and not self._unsent
+            and time.monotonic() - self._progress_at > self.resend_s
+        ):
+            self._resend_all()
 
     # ------------------------------------------------------------------ encoding
 
@@ -226,51 +350,85 @@ class Sender(threading.Thread):
             elif kind == DONE:
                 self._flush_entries(entries)
                 entries = []
-                self._send(protocol.encode_done(self.producer_id, self._next_seq(), item[1]))
-            else:  # FLUSH marker: everything before it is handed to ZeroMQ
+                step = item[1]
+                self._enqueue(
+                    lambda seq, step=step: protocol.encode_done(self.producer_id, seq, step), 0
+                )
+            else:  # FLUSH marker: set once everything before it is acknowledged
                 self._flush_entries(entries)
                 entries = []
-                item[1].set()
+                self._flush_waiters.append((self._next_seq - 1, item[1]))
         self._flush_entries(entries)
 
     def _flush_entries(self, entries: list[list]) -> None:
         if entries:
-            self._send(
-                protocol.encode_metrics(self.producer_id, self._next_seq(), entries), len(entries)
+            batch = list(entries)
+            self._enqueue(
+                lambda seq: protocol.encode_metrics(self.producer_id, seq, batch), len(batch)
             )
+
+    def _cycle(self) -> None:
+        self._watch_connection()
+        self._read_acks()
+        self._drain()
+        self._check_stall()
+        self._pump()
+        self._read_acks()
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
         try:
-            self._hello()
             beats = 0
             next_beat = time.monotonic() + self.heartbeat_s
             while not self.stopping.is_set():
-                self.wake.wait(max(0.0, next_beat - time.monotonic()))
+                self.wake.wait(min(POLL_S, max(0.0, next_beat - time.monotonic())))
                 self.wake.clear()
-                self._watch_connection()
-                self._drain()
+                self._cycle()
                 if time.monotonic() >= next_beat:
                     beats += 1
                     if beats % HELLO_EVERY == 0:
                         self._hello()
-                    self._send(
-                        protocol.encode_heartbeat(self.producer_id, self._next_seq(), self.stats())
+                    self._send_raw(
+                        protocol.encode_heartbeat(self.producer_id, self._next_seq, self.stats())
                     )
                     next_beat = time.monotonic() + self.heartbeat_s
             self._drain()
-            self._send(protocol.encode_bye(self.producer_id, self._next_seq(), self.stats()))
+            self._enqueue(lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0)
+            self._finish()
         except Exception as exc:  # the thread must end cleanly, whatever happened
             self.counters.errors += 1
             log.error("rlpulse sender stopped on an unexpected error: %r", exc)
         finally:
-            # Bounded: pyzmq's default LINGER of -1 would hang here with messages unsent.
-            # With no collector connected there is nobody to linger for.
-            self._watch_connection(wait_s=min(self.close_timeout_s, CONNECT_GRACE_S))
-            linger = int(self.close_timeout_s * 1000) if self._connected else 0
-            self._socket.setsockopt(zmq.LINGER, linger)
-            self._socket.disable_monitor()
             self._monitor.close(linger=0)
-            self._socket.close()
+            self._socket.close(linger=0)
             self._context.term()
+            for _, event in self._flush_waiters:
+                event.set()
+
+    def _finish(self) -> None:
+        """Until the deadline, send what is unacked and wait for the acknowledgements. A
+        producer that has been connected waits for a restarting collector to come back; one
+        that never reached a collector waits for a connection still being set up, but stops
+        as soon as one is refused (nobody listening)."""
+        deadline = time.monotonic() + self.close_timeout_s
+        while self._unacked and time.monotonic() < deadline:
+            if not self._connected:
+                self._refused = False
+                self._watch_connection(wait_s=deadline - time.monotonic())
+                if not self._connected and not self._ever_connected:
+                    break
+            self._cycle()
+            if self._unacked:
+                time.sleep(0.005)
+        self._socket.disable_monitor()
+        if self._unacked:
+            lost = sum(item.entries for item in self._unacked)
+            if lost:
+                self.counters.dropped_send += lost
+                log.warning(
+                    "rlpulse producer %s/%s closed with %d unacknowledged log() calls (no collector answered in time)",
+                    self.identity["role"],
+                    self.identity["rank"],
+                    lost,
+                )

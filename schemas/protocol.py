@@ -26,11 +26,14 @@ from schemas.reductions import Reduction
 from schemas.values import MIN, WEIGHT, WIDTH
 
 VERSION = 1
-HELLO, METRICS, DONE, HEARTBEAT, BYE = "hello", "metrics", "done", "heartbeat", "bye"
+HELLO, METRICS, DONE, HEARTBEAT, BYE, ACK = "hello", "metrics", "done", "heartbeat", "bye", "ack"
 STAT_KEYS = (
     "logged",
     "sent_messages",
+    "resent_messages",
+    "unacked",
     "dropped_queue_full",
+    "dropped_buffer_full",
     "dropped_send",
     "invalid",
     "nonfinite",
@@ -55,6 +58,9 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
+    """Registration. ``seq`` is the producer's oldest unacknowledged sequence number: every
+    reliable message below it has been acknowledged."""
+
     producer: int
     seq: int
     run: str
@@ -110,7 +116,17 @@ class Bye:
     stats: Mapping[str, int]
 
 
-Message = Hello | Metrics | Done | Heartbeat | Bye
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Collector to producer: every reliable message up to ``seq`` is durably accepted."""
+
+    producer: int
+    seq: int
+
+
+Message = Hello | Metrics | Done | Heartbeat | Bye | Ack
+RELIABLE = (Metrics, Done, Bye)
+"""Messages that carry data: sequenced, acknowledged, resent until acknowledged."""
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -173,6 +189,10 @@ def encode_heartbeat(producer: int, seq: int, stats: Mapping[str, int]) -> bytes
 
 def encode_bye(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:
     return _pack({"v": VERSION, "t": BYE, "p": producer, "q": seq, "st": dict(stats)})
+
+
+def encode_ack(producer: int, seq: int) -> bytes:
+    return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq})
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -336,6 +356,8 @@ def decode(buf: bytes, limits: Limits = Limits()) -> Message:
         return Heartbeat(producer, seq, _stats(obj))
     if kind == BYE:
         return Bye(producer, seq, _stats(obj))
+    if kind == ACK:
+        return Ack(producer, seq)
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")
 
 

@@ -7,6 +7,8 @@ Each line is :meth:`StepRecord.to_json`:
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -14,6 +16,9 @@ from typing import IO, Any
 from collector.errors import ConfigError
 from collector.sinks.base import SinkContext
 from schemas.record import StepRecord
+
+log = logging.getLogger("rlpulse.collector.jsonl")
+TAIL_BYTES = 4 * 1024 * 1024
 
 
 class JsonlSink:
@@ -50,6 +55,7 @@ class JsonlSink:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._repair()
             self._file = self.path.open("a", encoding="utf-8")
         except OSError as exc:
             raise ConfigError(
@@ -57,6 +63,41 @@ class JsonlSink:
                 f"cannot open for appending: {exc.strerror}",
                 str(self.path),
             ) from None
+
+    def _repair(self) -> None:
+        """Cut a torn last line (the collector was killed mid-write) so appends stay valid."""
+        if not self.path.exists():
+            return
+        with self.path.open("r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read()
+            if tail.endswith(b"\n"):
+                return
+            cut = tail.rfind(b"\n")
+            keep = size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= TAIL_BYTES else size)
+            f.truncate(keep)
+            log.warning("%s: cut a torn last line of %d bytes", self.path, size - keep)
+
+    def written_through(self) -> dict[str, int]:
+        """The last step of each run already in the file (read from its tail), so a restarted
+        collector does not write a step twice."""
+        if not self.path.exists():
+            return {}
+        with self.path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - TAIL_BYTES))
+            lines = f.read().split(b"\n")
+        out: dict[str, int] = {}
+        for line in lines[1:] if size > TAIL_BYTES else lines:
+            try:
+                obj = json.loads(line)
+                out[obj["run"]] = max(out.get(obj["run"], -1), int(obj["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
 
     def write(self, record: StepRecord) -> None:
         if self._file is None:

@@ -12,7 +12,7 @@ from schemas import protocol as P
 def hello(
     pid: int, run: str = "r", role: str = "actor_train", rank: int = 0, ws: int = 1
 ) -> P.Hello:
-    return P.Hello(pid, 0, run, role, rank, ws, "host", 1)
+    return P.Hello(pid, 1, run, role, rank, ws, "host", 1)
 
 
 def metrics(

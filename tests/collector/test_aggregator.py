@@ -175,12 +175,10 @@ def test_derived_names_logged_by_a_producer_are_dropped() -> None:
     assert M.SYSTEM_TPS.name not in h.records[0].metrics and h.agg.health.derived_logged == 1
 
 
-def test_messages_before_hello_are_held_and_replayed() -> None:
+def test_data_from_an_unregistered_producer_is_counted_not_merged() -> None:
     h = Harness()
-    h.send(metrics(1, 0, {LOSS: 4.0}), P.Done(1, 1, 0))
-    assert h.records == []
-    h.send(hello(1))
-    assert h.records[0].metrics[LOSS] == 4.0
+    h.send(metrics(1, 0, {LOSS: 4.0}))
+    assert h.agg.health.unknown_producer == 1 and not h.agg.runs
 
 
 def test_restarted_worker_takes_over_its_slot() -> None:

@@ -6,10 +6,12 @@ what the collector must reproduce.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -47,12 +49,27 @@ def run_rank(
     steps: int,
     die_after: int | None = None,
     pause: float = 0.0,
+    close_timeout_s: float = 2.0,
+    max_unacked: int = 10_000,
+    stats_path: str | None = None,
 ) -> None:
-    with Producer(address, run=run, role=role, rank=rank, world_size=world_size) as p:
+    p = Producer(
+        address,
+        run=run,
+        role=role,
+        rank=rank,
+        world_size=world_size,
+        close_timeout_s=close_timeout_s,
+        max_unacked=max_unacked,
+    )
+    worst = 0.0
+    with p:
         for step in range(steps):
             d = rank_values(role, rank, step)
             n = int(d["mask"].sum())
+            started = time.perf_counter()
             p.log({ADV: Masked(d["values"], d["mask"]), LOSS: Weighted(d["loss"], n)}, step=step)
+            worst = max(worst, time.perf_counter() - started)
             p.log({CLIP: Fraction(min(d["clipped"], n), n), T_TOTAL: d["time"]}, step=step)
             if die_after is not None and step == die_after:
                 p.flush(5)
@@ -60,6 +77,8 @@ def run_rank(
                 os.kill(os.getpid(), signal.SIGKILL)
             if pause:
                 time.sleep(pause)
+    if stats_path:
+        Path(stats_path).write_text(json.dumps({**p.stats(), "worst_log_s": worst}))
 
 
 def expected(ranks: list[tuple[str, int]], step: int) -> dict[str, float]:

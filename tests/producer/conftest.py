@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -9,7 +11,8 @@ from schemas import protocol
 
 
 class Inbox:
-    """A ROUTER socket on a free loopback port, standing in for the collector."""
+    """A ROUTER socket on a free loopback port, standing in for the collector: a background
+    thread receives everything and acknowledges data messages (unless ``acking`` is off)."""
 
     def __init__(self) -> None:
         self.ctx = zmq.Context()
@@ -17,24 +20,42 @@ class Inbox:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind("tcp://127.0.0.1:*")
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.seen: set[int] = set()
+        self.acking = True
+        self.messages: list[protocol.Message] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            ident, payload = self.sock.recv_multipart()
+            msg = protocol.decode(payload)
+            if isinstance(msg, protocol.RELIABLE):
+                if not self.acking:
+                    self.messages.append(msg)
+                    continue
+                duplicate = msg.seq in self.seen
+                self.seen.add(msg.seq)
+                self.sock.send_multipart([ident, protocol.encode_ack(msg.producer, max(self.seen))])
+                if duplicate:
+                    continue  # a resend of something already received
+            self.messages.append(msg)
 
     def receive(self, timeout_s: float = 5.0, until=None) -> list[protocol.Message]:
-        """Messages received until ``until(messages)`` holds or the timeout passes."""
-        out: list[protocol.Message] = []
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        import time
-
+        """Messages received so far, once ``until(messages)`` holds or the timeout passes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if poller.poll(50):
-                _, payload = self.sock.recv_multipart()
-                out.append(protocol.decode(payload))
-                if until is not None and until(out):
-                    break
-        return out
+            if until is not None and until(list(self.messages)):
+                break
+            time.sleep(0.01)
+        return list(self.messages)
 
     def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
         self.sock.close()
         self.ctx.term()
 

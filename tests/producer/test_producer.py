@@ -101,14 +101,31 @@ def test_full_queue_drops_and_counts_without_blocking() -> None:
     p.close()
 
 
-def test_unreachable_collector_drops_are_counted_once_zmq_is_full() -> None:
-    p = Producer("tcp://127.0.0.1:9", run="r", role="a", sndhwm=5)
-    for step in range(200):
+def test_unreachable_collector_buffers_up_to_the_bound_then_counts_drops() -> None:
+    p = Producer("tcp://127.0.0.1:9", run="r", role="a", max_unacked=20)
+    for step in range(100):
         p.log({"x": 1.0}, step=step)
-        if step % 20 == 0:
-            p.flush(2.0)
-    p.flush(2.0)
-    assert p.stats()["dropped_send"] > 0
+        assert not p.flush(0.01)  # nobody acknowledges: every call is its own message
+    stats = p.stats()
+    assert stats["unacked"] == 20 and stats["dropped_buffer_full"] == 80
+    started = time.monotonic()
+    p.close()
+    assert time.monotonic() - started < 1.0
+    assert p.stats()["dropped_send"] == 20  # still unacknowledged at close: counted too
+
+
+def test_unacknowledged_messages_are_resent_and_acks_release_them(inbox) -> None:
+    inbox.acking = False
+    p = Producer(inbox.address, run="r", role="a", resend_s=0.2)
+    for step in range(5):
+        p.log({"x": float(step)}, step=step)
+    first = inbox.receive(timeout_s=1.0, until=lambda ms: len(entries(ms)) == 5)
+    assert len(entries(first)) == 5 and p.stats()["unacked"] > 0
+    inbox.messages.clear()
+    inbox.acking = True
+    again = inbox.receive(timeout_s=3.0, until=lambda ms: len(entries(ms)) == 5)
+    assert [e.step for e in entries(again)] == [0, 1, 2, 3, 4]
+    assert p.flush(2.0) and p.stats()["unacked"] == 0 and p.stats()["resent_messages"] > 0
     p.close()
 
 
