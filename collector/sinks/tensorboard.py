@@ -99,6 +99,22 @@ class TensorBoardSink:
         writer.write(event.SerializeToString())
         writer.flush()
 
+    def written_through(self) -> dict[str, int]:
+        """The last step of each run already in the event files (keyed by the run's folder
+        name, which is the run name unless it had characters unsafe in a path), so a
+        restarted collector with a ``state_dir`` does not write a step twice."""
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        out: dict[str, int] = {}
+        if not self._log_dir.is_dir():
+            return out
+        for run_dir in self._log_dir.iterdir():
+            for path in run_dir.glob("events.out.tfevents.*") if run_dir.is_dir() else ():
+                for event in EventFileLoader(str(path)).Load():
+                    if event.HasField("summary"):
+                        out[run_dir.name] = max(out.get(run_dir.name, -1), event.step)
+        return out
+
     def close(self) -> None:
         """Close every event file; safe to call twice or before open()."""
         files, self._files = self._files, {}

@@ -226,3 +226,16 @@ def test_jsonl_sink_repairs_a_torn_line_and_knows_what_it_wrote(tmp_path, torn: 
     again.write(StepRecord(run="a", step=3, metrics={}))
     again.close()
     assert [r["step"] for r in read_jsonl(path)] == [0, 1, 2, 3]
+
+
+def test_tensorboard_sink_knows_what_it_wrote_across_restarts(tmp_path) -> None:
+    from collector.sinks.base import SinkContext
+    from collector.sinks.tensorboard import TensorBoardSink
+
+    sink = TensorBoardSink.from_kwargs({"log_dir": str(tmp_path)}, SinkContext())
+    sink.open()
+    for step in range(4):
+        sink.write(StepRecord(run="ppo", step=step, metrics={"x": 1.0}))
+    sink.close()
+    again = TensorBoardSink.from_kwargs({"log_dir": str(tmp_path)}, SinkContext())
+    assert again.written_through() == {"ppo": 3}
