@@ -6,6 +6,10 @@ every registered role has finished it. A rank finishes step ``s`` by logging a l
 by saying so (``done``), or by closing. Then the step is emitted once, with every metric pooled
 exactly (``schemas.values``).
 
+Roles registering late would miss a new run's first steps, so a run's steps are held for
+``settle_s`` after its first registration, unless a producer declared the run's whole topology
+(``Producer(expected_roles=...)``): then the missing roles are waited for by name.
+
 A step is emitted *partial*, naming the missing ranks, when:
 
 * ``grace_s`` has passed since the first rank finished it and some rank still has not;
@@ -98,9 +102,12 @@ class StepState:
 class _Layout:
     """Cached translation of one entry shape (names + kinds) to row indices of a run."""
 
-    idx: np.ndarray
+    idx: np.ndarray | slice
+    """Row indices; a slice when they are consecutive (the usual case: a producer's names
+    enter the table together), so merging works on views instead of fancy-index copies."""
     keep: np.ndarray | None
     last: np.ndarray
+    touches_last: bool
 
 
 class RunState:
@@ -119,10 +126,19 @@ class RunState:
         self.last_emitted = -1
         self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
         self.ends: deque[tuple[float, float | None]] = deque()
+        self.declared = False
+        """A producer sent the whole topology: no need to wait for late registrations."""
+        self._expected: set[Slot] | None = None
         self.cumulative: dict[str, float] = {}
 
     def expected(self) -> set[Slot]:
-        return {(role, rank) for role, ws in self.roles.items() for rank in range(ws)}
+        """Every (role, rank) the run waits for; cached until a registration changes roles."""
+        if self._expected is None:
+            self._expected = {(role, rank) for role, ws in self.roles.items() for rank in range(ws)}
+        return self._expected
+
+    def roles_changed(self) -> None:
+        self._expected = None
 
 
 class Aggregator:
@@ -142,6 +158,7 @@ class Aggregator:
         max_open_steps: int = 64,
         tps_window: int = 1,
         max_names_per_run: int = 10_000,
+        settle_s: float = 0.0,
     ) -> None:
         self.emit = emit
         self.health = health or Health()
@@ -151,6 +168,7 @@ class Aggregator:
         self.max_open_steps = max_open_steps
         self.tps_window = tps_window
         self.max_names_per_run = max_names_per_run
+        self.settle_s = settle_s
         self.producers: dict[int, ProducerInfo] = {}
         self.runs: dict[str, RunState] = {}
         self._ratelog = RateLimitedLog(log)
@@ -194,7 +212,12 @@ class Aggregator:
         run = self.runs.get(msg.run)
         if run is None:
             run = self.runs[msg.run] = RunState(msg.run, now)
+        for role, size in msg.expected.items():
+            run.declared = True
+            run.roles.setdefault(role, size)
+            run.role_bits.setdefault(role, len(run.role_bits))
         ws = run.roles.setdefault(msg.role, msg.world_size)
+        run.roles_changed()
         if msg.world_size != ws:
             self.health.world_size_conflict += 1
             self._ratelog.warn(
@@ -270,7 +293,9 @@ class Aggregator:
             idx[i] = j
         idx = idx[keep]
         last = np.array([run.resolved[j].reduction is Reduction.LAST for j in idx], dtype=bool)
-        layout = _Layout(idx, None if keep.all() else keep, last)
+        consecutive = len(idx) > 0 and bool((np.diff(idx) == 1).all())
+        where: np.ndarray | slice = slice(int(idx[0]), int(idx[-1]) + 1) if consecutive else idx
+        layout = _Layout(where, None if keep.all() else keep, last, bool(last.any()))
         if len(run.layouts) < 4096:
             run.layouts[key] = layout
         return layout
@@ -279,7 +304,7 @@ class Aggregator:
         n = max(len(run.names), 8)
         state = StepState(step, empty_rows(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64))
         for slot, pid in run.slots.items():
-            if self.producers[pid].watermark >= step:
+            if self.producers[pid].watermark >= step and slot[1] < run.roles[slot[0]]:
                 state.done.add(slot)
         if state.done:
             state.first_done_at = now
@@ -315,9 +340,9 @@ class Aggregator:
             state.position = position
         layout = self._layout(run, entry)
         rows = entry.values if layout.keep is None else entry.values[layout.keep]
-        if len(layout.idx):
+        if len(rows):
             state.grow(len(run.names))
-            merge_rows(state.rows, layout.idx, rows, layout.last)
+            merge_rows(state.rows, layout.idx, rows, layout.last if layout.touches_last else None)
             state.touched[layout.idx] = True
             state.roles[layout.idx] |= 1 << run.role_bits[prod.role]
         for name, count in entry.nonfinite.items():
@@ -382,6 +407,7 @@ class Aggregator:
                     "last_emitted": run.last_emitted,
                     "ends": list(run.ends),
                     "cumulative": run.cumulative,
+                    "declared": run.declared,
                 }
                 for run in self.runs.values()
             },
@@ -400,6 +426,7 @@ class Aggregator:
             run.last_emitted = int(data["last_emitted"])
             run.ends = deque(tuple(e) for e in data["ends"])  # type: ignore[misc]
             run.cumulative = dict(data["cumulative"])
+            run.declared = bool(data.get("declared", False))
         self.health.producers = len(self.producers)
 
     # ------------------------------------------------------------------ emitting
@@ -419,7 +446,10 @@ class Aggregator:
             expected = run.expected()
             for step in sorted(run.steps):
                 state = run.steps[step]
-                missing = expected - state.done
+                # done only ever holds expected slots, so counting them says "complete"
+                missing = expected - state.done if len(state.done) < len(expected) else set()
+                if not missing and not run.declared and now - run.first_seen < self.settle_s:
+                    break  # other roles of a new run may still be starting up
                 if missing:
                     overflow = len(run.steps) > self.max_open_steps
                     graced = (

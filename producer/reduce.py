@@ -89,7 +89,18 @@ def _numpy(values: Any, mask: Any | None) -> State:
     return (float(sel.sum()), float(sel.size), float(sel.min()), float(sel.max()), nonfinite)
 
 
+def _numpy_view(tensor: Any) -> np.ndarray | None:
+    """A zero-copy numpy view of a CPU tensor; None on a GPU or for dtypes numpy lacks."""
+    if tensor.device.type != "cpu":
+        return None
+    try:
+        return tensor.detach().numpy()
+    except (TypeError, RuntimeError):  # bfloat16 and friends
+        return None
+
+
 def _torch(torch: Any, values: Any, mask: Any | None) -> State | Pending:
+    """Reduce on the tensor's own device (GPU tensors; CPU dtypes numpy cannot view)."""
     v = values.detach().reshape(-1)
     v = v.to(torch.float64) if v.device.type != "mps" else v.to(torch.float32)
     finite = torch.isfinite(v)
@@ -141,6 +152,12 @@ def reduce_value(value: Any) -> State | Pending:
     values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(values, torch.Tensor):
+        # On the CPU, numpy does this reduction in a few vectorised passes over a zero-copy
+        # view, where torch dispatches a dozen small ops (measured ~3x slower on 4k tokens).
+        view = _numpy_view(values)
+        mask_view = _numpy_view(mask) if isinstance(mask, torch.Tensor) else mask
+        if view is not None and (mask is None or mask_view is not None):
+            return _numpy(view, mask_view)
         return _torch(torch, values, mask)
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise InvalidValue(f"cannot log a {type(values).__name__} as a metric")

@@ -45,7 +45,10 @@ INVALID = object()
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
 """Heartbeats between re-registrations, so a restarted collector learns who we are."""
-POLL_S = 0.05
+POLL_S = 0.1
+"""Longest sleep of the sender: acknowledgements and the connection are checked this often."""
+COALESCE_S = 0.002
+"""After a wake-up, how long queued calls may gather before they are sent as one message."""
 _BIG_ENDIAN = sys.byteorder != "little"
 _FLOAT = (float, int)
 
@@ -159,9 +162,11 @@ class Sender(threading.Thread):
         deadline = time.monotonic() + wait_s
         while True:
             waiting = not self._connected and not self._refused
-            timeout_ms = max(0, int((deadline - time.monotonic()) * 1000)) if waiting else 0
-            if not self._monitor.poll(timeout_ms):
-                return
+            if waiting and wait_s > 0:
+                if not self._monitor.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                    return
+            elif not self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return  # the cheap check: no exception, no poll
             frames = self._monitor.recv_multipart()
             event = int.from_bytes(frames[0][:2], "little")
             if event == zmq.EVENT_CONNECT_RETRIED:
@@ -198,6 +203,7 @@ class Sender(threading.Thread):
                 role=ident["role"],
                 rank=ident["rank"],
                 world_size=ident["world_size"],
+                expected=ident["expected"],
             )
         )
 
@@ -234,7 +240,7 @@ class Sender(threading.Thread):
         self._progress_at = time.monotonic()
 
     def _read_acks(self) -> None:
-        while True:
+        while self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
                 payload = self._socket.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -382,7 +388,9 @@ class Sender(threading.Thread):
             beats = 0
             next_beat = time.monotonic() + self.heartbeat_s
             while not self.stopping.is_set():
-                self.wake.wait(min(POLL_S, max(0.0, next_beat - time.monotonic())))
+                if self.wake.wait(min(POLL_S, max(0.0, next_beat - time.monotonic()))):
+                    # Let a burst of log() calls gather so they leave as one message.
+                    time.sleep(COALESCE_S)
                 self.wake.clear()
                 self._cycle()
                 if time.monotonic() >= next_beat:

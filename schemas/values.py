@@ -105,21 +105,25 @@ class Summary:
         return (self.sum, self.weight, self.min, self.max)
 
 
-def merge_rows(acc: np.ndarray, idx: np.ndarray, rows: np.ndarray, last: np.ndarray) -> None:
-    """Merge ``rows`` (n x 4 states) into ``acc`` at row indices ``idx``, in place.
+def merge_rows(
+    acc: np.ndarray, idx: np.ndarray | slice, rows: np.ndarray, last: np.ndarray | None
+) -> None:
+    """Merge ``rows`` (n x 4 states) into ``acc`` at rows ``idx``, in place.
 
-    ``idx`` must not repeat (a rank's one call logs each name once); ``last`` marks the rows
-    whose metric reduces by ``LAST``. This is :meth:`Summary.merge` over arrays.
+    ``idx`` (indices or a slice) must not repeat a row (a rank's one call logs each name
+    once); ``last`` marks the rows whose metric reduces by ``LAST`` (None: none do). This is
+    :meth:`Summary.merge` over arrays.
     """
-    target = acc[idx]
-    summed = target[:, SUM] + rows[:, SUM]
-    if last.any():
-        summed = np.where(last, rows[:, SUM], summed)
-    target[:, SUM] = summed
+    target = acc[idx]  # a view for a slice, a copy for an index array
+    if last is None:
+        target[:, SUM] += rows[:, SUM]
+    else:
+        target[:, SUM] = np.where(last, rows[:, SUM], target[:, SUM] + rows[:, SUM])
     target[:, WEIGHT] += rows[:, WEIGHT]
-    target[:, MIN] = np.fmin(target[:, MIN], rows[:, MIN])
-    target[:, MAX] = np.fmax(target[:, MAX], rows[:, MAX])
-    acc[idx] = target
+    np.fmin(target[:, MIN], rows[:, MIN], out=target[:, MIN])
+    np.fmax(target[:, MAX], rows[:, MAX], out=target[:, MAX])
+    if not isinstance(idx, slice):
+        acc[idx] = target
 
 
 def read_row(row: Sequence[float] | np.ndarray, stat: Stat) -> float | None:
