@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The main job: a collector and a PPO run on Ray (a few minutes on 2 CPU cores).
 demo: install
-	$(PY) scripts/demo_synthetic.py
+	scripts/in-netns.sh $(PY) scripts/demo.py
 
+# Without the trainer: a collector and producer processes with a synthetic workload (seconds).
 demo-synthetic: install
 	$(PY) scripts/demo_synthetic.py
 
@@ -31,6 +33,9 @@ test: install
 test-slow: install
 	bash scripts/install-system-deps.sh
 	bash scripts/run-tests.sh -m slow $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m benchmarks.run
 
 lint: install
 	$(VENV)/bin/ruff check .

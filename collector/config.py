@@ -40,6 +40,8 @@ class CollectorConfig:
     * ``trackers``: tracker name -> kwargs, in fan-out order.
     * ``grace_s``: once some rank has finished a step, how long to wait for the others before
       emitting it flagged partial.
+    * ``settle_s``: a new run's steps wait this long after its first registration for other
+      roles to register, unless a producer declared the run's roles (``expected_roles``).
     * ``liveness_s``: a producer silent this long (heartbeats stopped) is presumed dead; the
       steps it has not finished are emitted partial without waiting out the grace period.
     * ``max_open_steps``: open steps per run; beyond it the oldest is emitted partial.
@@ -63,6 +65,7 @@ class CollectorConfig:
     trackers: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"stdout": {}})
     grace_s: float = 60.0
     liveness_s: float = 10.0
+    settle_s: float = 2.0
     max_open_steps: int = 64
     tps_window: int = 1
     max_message_bytes: int = 8 * 1024 * 1024
@@ -84,6 +87,12 @@ class CollectorConfig:
             raise ConfigError(
                 "bind", "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555", self.bind
             )
+        if (
+            not isinstance(self.settle_s, (int, float))
+            or isinstance(self.settle_s, bool)
+            or self.settle_s < 0
+        ):
+            raise ConfigError("settle_s", "must be a non-negative number of seconds", self.settle_s)
         for name in ("grace_s", "liveness_s", "sink_close_s", "checkpoint_s"):
             value = getattr(self, name)
             if (

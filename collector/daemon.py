@@ -108,6 +108,7 @@ class Collector:
             max_open_steps=config.max_open_steps,
             tps_window=config.tps_window,
             max_names_per_run=config.max_names_per_run,
+            settle_s=config.settle_s,
         )
         self.delivery = Delivery(self.health)
         self.limits = protocol.Limits(

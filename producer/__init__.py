@@ -5,6 +5,7 @@
 
 from producer.client import Producer
 from producer.env import ADDRESS_VAR
+from producer.null import NullProducer
 from producer.values import Fraction, Masked, Weighted
 
-__all__ = ["ADDRESS_VAR", "Fraction", "Masked", "Producer", "Weighted"]
+__all__ = ["ADDRESS_VAR", "Fraction", "Masked", "NullProducer", "Producer", "Weighted"]

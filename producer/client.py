@@ -46,6 +46,9 @@ class Producer:
     ``reductions`` declares how names outside the catalog merge (``{"my/peak": "max"}``);
     the catalog's own declarations cannot be overridden.
 
+    ``expected_roles`` (role -> world size) tells the collector the run's whole topology, so
+    it waits for roles that have not registered yet instead of emitting without them.
+
     Delivery is acknowledged: up to ``max_unacked`` messages are kept and resent until the
     collector has them in its write-ahead log, so a collector restart loses nothing. ``curve``
     (or the ``RLPULSE_CURVE_*`` environment variables) turns on CurveZMQ encryption and
@@ -68,6 +71,7 @@ class Producer:
         max_unacked: int = 10_000,
         resend_s: float = 2.0,
         curve: CurveKeys | None = None,
+        expected_roles: Mapping[str, int] | None = None,
         catalog: Catalog = CATALOG,
         context: zmq.Context | None = None,
         memory_probe: MemoryProbe | None = None,
@@ -103,7 +107,13 @@ class Producer:
         self._producer_id = random.getrandbits(63)
         self._sender = Sender(
             address=self.address,
-            identity={"run": run, "role": role, "rank": rank, "world_size": world_size},
+            identity={
+                "run": run,
+                "role": role,
+                "rank": rank,
+                "world_size": world_size,
+                "expected": dict(expected_roles or {}),
+            },
             producer_id=self._producer_id,
             queue=self._queue,
             wake=self._wake,

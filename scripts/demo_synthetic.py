@@ -19,12 +19,17 @@ from collector.launch import start_collector
 from producer import Fraction, Masked, Producer, Weighted
 from schemas import metrics as M
 
+TOPOLOGY = {"actor_train": 2, "critic": 1, "driver": 1}
+"""The run's roles and world sizes, declared so the collector waits for late starters."""
+
 
 def worker(
     address: str, run: str, role: str, rank: int, world_size: int, steps: int, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    with Producer(address, run=run, role=role, rank=rank, world_size=world_size) as p:
+    with Producer(
+        address, run=run, role=role, rank=rank, world_size=world_size, expected_roles=TOPOLOGY
+    ) as p:
         for step in range(steps):
             tokens = int(rng.integers(8, 64)) if rank == 0 else int(rng.integers(800, 1600))
             mask = rng.random(tokens) < 0.9

@@ -221,3 +221,27 @@ def test_producer_stats_reach_health() -> None:
     h = Harness()
     h.send(hello(1), P.Heartbeat(1, 2, {"dropped_send": 4, "dropped_queue_full": 1}))
     assert h.agg.health.snapshot()["producer_dropped"] == 5
+
+
+def test_new_run_waits_for_late_roles_during_the_settle_window() -> None:
+    h = Harness(settle_s=5, liveness_s=1000)
+    h.send(hello(1, role="actor_train"), metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))
+    assert h.records == []  # step 0 is complete for the roles seen, but the run is new
+    h.tick(1)
+    h.send(hello(2, role="critic"), metrics(2, 0, {M.CRITIC_LOSS.name: 2.0}), P.Done(2, 2, 1))
+    h.tick(4.1)
+    assert (
+        h.steps() == [0]
+        and h.records[0].metrics[M.CRITIC_LOSS.name] == 2.0
+        and not h.records[0].partial
+    )
+
+
+def test_declared_topology_is_waited_for_by_name() -> None:
+    h = Harness(settle_s=1000, liveness_s=1000, grace_s=1000)
+    declared = P.Hello(1, 1, "r", "actor_train", 0, 1, "h", 1, {"actor_train": 1, "critic": 2})
+    h.send(declared, metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0))
+    assert h.records == []  # critic/0 and critic/1 have not even registered
+    h.send(hello(2, role="critic", rank=0, ws=2), hello(3, role="critic", rank=1, ws=2))
+    h.send(P.Done(2, 2, 0), P.Done(3, 2, 0))
+    assert h.steps() == [0] and not h.records[0].partial  # no settle wait: the topology is known

@@ -25,7 +25,17 @@ EXAMPLES = int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "300"))
 """Inputs per fuzz test in ``make test``; a long run: ``RLPULSE_FUZZ_EXAMPLES=20000``."""
 tried = {"decoder": 0, "pipeline": 0}
 
-names = st.sampled_from(["actor/pg_loss", "critic/advantages", "actor/lr", "time/rollout", "custom/x", "actor/ratio_max", "system/tps"])
+names = st.sampled_from(
+    [
+        "actor/pg_loss",
+        "critic/advantages",
+        "actor/lr",
+        "time/rollout",
+        "custom/x",
+        "actor/ratio_max",
+        "system/tps",
+    ]
+)
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
 
 
@@ -36,7 +46,16 @@ def valid_message(draw) -> bytes:
     seq = draw(st.integers(0, 6))
     if kind == "hello":
         ws = draw(st.integers(1, 3))
-        return P.encode_hello(pid, seq, run="r", role=draw(st.sampled_from(["a", "b"])), rank=draw(st.integers(0, ws - 1)), world_size=ws, host="h", pid=1)
+        return P.encode_hello(
+            pid,
+            seq,
+            run="r",
+            role=draw(st.sampled_from(["a", "b"])),
+            rank=draw(st.integers(0, ws - 1)),
+            world_size=ws,
+            host="h",
+            pid=1,
+        )
     if kind == "done":
         return P.encode_done(pid, seq, draw(st.integers(0, 5)))
     if kind in ("heartbeat", "bye"):
@@ -90,7 +109,9 @@ def test_decoder_rejects_or_accepts_never_crashes(data: bytes) -> None:
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(mutated(), min_size=1, max_size=12))
-def test_aggregation_survives_any_accepted_sequence_and_honest_results_hold(stream: list[bytes]) -> None:
+def test_aggregation_survives_any_accepted_sequence_and_honest_results_hold(
+    stream: list[bytes],
+) -> None:
     tried["pipeline"] += len(stream)
     records = []
     agg = Aggregator(records.append, grace_s=5, liveness_s=5)
@@ -98,7 +119,20 @@ def test_aggregation_survives_any_accepted_sequence_and_honest_results_hold(stre
     # An honest producer (id 99) interleaved with the fuzzed traffic.
     honest = [
         P.encode_hello(99, 1, run="honest", role="w", rank=0, world_size=1, host="h", pid=1),
-        P.encode_metrics(99, 1, [P.pack_entry(0, 1.0, ["actor/pg_loss"], bytes([1]), array.array("d", [6.0, 3.0, float("nan"), float("nan")]).tobytes(), {})]),
+        P.encode_metrics(
+            99,
+            1,
+            [
+                P.pack_entry(
+                    0,
+                    1.0,
+                    ["actor/pg_loss"],
+                    bytes([1]),
+                    array.array("d", [6.0, 3.0, float("nan"), float("nan")]).tobytes(),
+                    {},
+                )
+            ],
+        ),
         P.encode_bye(99, 2, {}),
     ]
     now = 0.0
@@ -125,5 +159,7 @@ def test_aggregation_survives_any_accepted_sequence_and_honest_results_hold(stre
 def test_zz_report_inputs_tried() -> None:
     if not tried["decoder"] or not tried["pipeline"]:
         pytest.skip("run with the fuzz tests above")
-    print(f"\nfuzz: {tried['decoder']} decoder inputs, {tried['pipeline']} messages through delivery+aggregation")
+    print(
+        f"\nfuzz: {tried['decoder']} decoder inputs, {tried['pipeline']} messages through delivery+aggregation"
+    )
     assert tried["decoder"] >= EXAMPLES

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collector.segmentlog import Position, SegmentLog
 
-
 START = Position(0, 0)
 
 

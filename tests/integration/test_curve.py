@@ -15,7 +15,11 @@ from producer.env import load_curve
 
 
 def keygen(directory: Path, name: str) -> None:
-    subprocess.run([sys.executable, "-m", "collector", "keygen", str(directory), name], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "collector", "keygen", str(directory), name],
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_allow_listed_key_gets_in_unknown_key_and_plaintext_do_not(tmp_path) -> None:
@@ -28,13 +32,26 @@ def test_allow_listed_key_gets_in_unknown_key_and_plaintext_do_not(tmp_path) -> 
     config = {
         "track_with": ["jsonl"],
         "tracker_kwargs": {"jsonl": {"path": str(out)}},
-        "curve": {"server_cert": str(tmp_path / "server" / "collector.key_secret"), "clients_dir": str(tmp_path / "allowed")},
+        "curve": {
+            "server_cert": str(tmp_path / "server" / "collector.key_secret"),
+            "clients_dir": str(tmp_path / "allowed"),
+        },
     }
     collector = start_collector(config, stderr=log.open("w"))
     server_key = str(tmp_path / "server" / "collector.key")
     producers = {
-        "good": Producer(collector.address, run="good", role="a", curve=load_curve(server_key, str(tmp_path / "allowed" / "worker.key_secret"))),
-        "stranger": Producer(collector.address, run="stranger", role="a", curve=load_curve(server_key, str(tmp_path / "stranger" / "intruder.key_secret"))),
+        "good": Producer(
+            collector.address,
+            run="good",
+            role="a",
+            curve=load_curve(server_key, str(tmp_path / "allowed" / "worker.key_secret")),
+        ),
+        "stranger": Producer(
+            collector.address,
+            run="stranger",
+            role="a",
+            curve=load_curve(server_key, str(tmp_path / "stranger" / "intruder.key_secret")),
+        ),
         "plaintext": Producer(collector.address, run="plaintext", role="a"),
     }
     for step in range(3):
@@ -47,7 +64,10 @@ def test_allow_listed_key_gets_in_unknown_key_and_plaintext_do_not(tmp_path) -> 
     assert collector.stop() == 0
     runs = {json.loads(line)["run"] for line in out.read_text().splitlines()}
     assert runs == {"good"}
-    assert producers["stranger"].stats()["unacked"] > 0 or producers["stranger"].stats()["dropped_send"] > 0
+    assert (
+        producers["stranger"].stats()["unacked"] > 0
+        or producers["stranger"].stats()["dropped_send"] > 0
+    )
     text = log.read_text()
     assert "CurveZMQ on" in text and "refused a client" in text
     assert int(re.search(r"(\d+) handshake failures", text).group(1)) >= 2

@@ -59,7 +59,13 @@ def test_failing_and_hanging_sinks_do_not_delay_jsonl_or_prometheus(tmp_path) ->
         "prometheus": prom,
     }
     config = CollectorConfig.from_mapping(
-        {"bind": "tcp://127.0.0.1:*", "sink_queue": 8, "sink_retries": 3, "sink_close_s": 2.0}
+        {
+            "bind": "tcp://127.0.0.1:*",
+            "sink_queue": 8,
+            "sink_retries": 3,
+            "sink_close_s": 2.0,
+            "settle_s": 0,
+        }
     )
     collector = Collector(config, sinks=sinks)
     emitted: dict[int, float] = {}
@@ -70,7 +76,7 @@ def test_failing_and_hanging_sinks_do_not_delay_jsonl_or_prometheus(tmp_path) ->
         original(record)
 
     collector.aggregator.emit = emit
-    server = threading.Thread(target=collector.run)
+    server = threading.Thread(target=collector.run, daemon=True)
     server.start()
     url = f"http://{prom.address[0]}:{prom.address[1]}/metrics"
     seen_jsonl: dict[int, float] = {}

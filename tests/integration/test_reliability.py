@@ -39,6 +39,7 @@ def durable_config(tmp_path: Path, **extra) -> dict:
         # Producer processes start seconds apart on a loaded 2-core machine; let the first
         # run far ahead rather than have the open-step bound flag its steps partial.
         "max_open_steps": 1000,
+        "settle_s": 0,
         **extra,
     }
 
@@ -178,10 +179,17 @@ def test_a_failing_sink_catches_up_in_order_once_it_recovers(tmp_path) -> None:
     flaky = FlakySink()
     jsonl = JsonlSink(tmp_path / "out.jsonl")
     config = CollectorConfig.from_mapping(
-        {"bind": "tcp://127.0.0.1:*", "state_dir": str(tmp_path / "state"), "sink_retries": 2}
+        {
+            "bind": "tcp://127.0.0.1:*",
+            "state_dir": str(tmp_path / "state"),
+            "sink_retries": 2,
+            "settle_s": 0,
+        }
     )
     collector = Collector(config, sinks={"flaky": flaky, "jsonl": jsonl})
-    server = threading.Thread(target=collector.run)
+    server = threading.Thread(
+        target=collector.run, daemon=True
+    )  # a failed assert must not hang pytest
     server.start()
     p = Producer(collector.address, run="outage", role="actor_train")
     flaky.down.set()

@@ -32,6 +32,20 @@ def test_round_trip_of_every_message_type() -> None:
         P.encode_hello(5, 0, run="r", role="critic", rank=0, world_size=1, host="h", pid=9)
     )
     assert hello == P.Hello(5, 0, "r", "critic", 0, 1, "h", 9)
+    declared = P.decode(
+        P.encode_hello(
+            5,
+            0,
+            run="r",
+            role="critic",
+            rank=0,
+            world_size=1,
+            host="h",
+            pid=9,
+            expected={"critic": 1, "actor_train": 4},
+        )
+    )
+    assert declared.expected == {"critic": 1, "actor_train": 4}
     metrics = P.decode(P.encode_metrics(5, 1, [entry(nonfinite={"a": 2})]))
     assert isinstance(metrics, P.Metrics) and metrics.seq == 1
     (e,) = metrics.entries
@@ -99,6 +113,21 @@ BAD = {
         datetime=True,
     ),
     "stats not a map": raw({"v": 1, "t": "heartbeat", "p": 1, "q": 0, "st": [1]}),
+    "bad roles": raw(
+        {
+            "v": 1,
+            "t": "hello",
+            "p": 1,
+            "q": 0,
+            "run": "r",
+            "role": "a",
+            "rank": 0,
+            "ws": 1,
+            "host": "h",
+            "pid": 1,
+            "roles": {"a": 0},
+        }
+    ),
     "name too long": P.encode_metrics(1, 0, [entry(names=("a" * 300, "b"))]),
 }
 

@@ -1,0 +1,224 @@
+"""The full catalog from a real run: ``python -m trainer --steps 2 --collector ADDRESS``.
+
+A collector (jsonl sink) and the trainer (Ray, 2 actor_train ranks, critic, reference,
+rollout, reward) run in one loopback-only network namespace, because Ray probes the network at
+start-up. The emitted names are compared with the catalog; what this machine cannot produce is
+listed below with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas import metrics as m
+from schemas.metrics import CATALOG
+
+# One run (Ray start-up plus 6 worker processes importing torch and transformers) takes about
+# a minute on an idle 2-core machine and several on a loaded one.
+pytestmark = pytest.mark.timeout(900)
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 2
+BATCH = 32
+MAX_NEW_TOKENS = 6
+
+# The collector, then the trainer attached to it by address, in one process tree.
+RUNNER = """
+import sys
+from collector.launch import start_collector
+from trainer.__main__ import main
+out, run_dir, steps, batch, max_new = sys.argv[1:6]
+handle = start_collector({"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": out}}})
+try:
+    code = main(["--config", "trainer/configs/reverse.yaml", "--steps", steps, "--run", "catalog",
+                 "--collector", handle.address, "--output-dir", run_dir, "--no-progress",
+                 "--set", "sft.steps=20", "--set", "task.val_prompts=16",
+                 "--set", f"ppo.batch_size={batch}", "--set", f"rollout.max_new_tokens={max_new}"])
+finally:
+    handle.stop()
+sys.exit(code)
+"""
+
+
+def _netns_prefix() -> list[str]:
+    """A loopback-only network namespace when this user may create one, else nothing."""
+    if shutil.which("unshare") is None:
+        return []
+    probe = subprocess.run(
+        ["unshare", "-n", "--", "sh", "-c", "ip link set lo up"], capture_output=True, check=False
+    )
+    if probe.returncode != 0:
+        return []
+    return ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("trainer")
+    out = tmp / "metrics.jsonl"
+    cmd = [
+        *_netns_prefix(),
+        sys.executable,
+        "-c",
+        RUNNER,
+        str(out),
+        str(tmp / "runs"),
+        str(STEPS),
+        str(BATCH),
+        str(MAX_NEW_TOKENS),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return {"records": records, "run_dir": tmp / "runs" / "catalog", "stdout": proc.stdout}
+
+
+def expected_names() -> tuple[set[str], dict[str, str]]:
+    """Every reported catalog name this run must emit, and the ones it cannot, with reasons.
+
+    Templates have a free ``{cluster}`` segment: for them a name is expected per phase and
+    part, from whichever cluster runs that phase.
+    """
+    names: set[str] = set()
+    for entry in CATALOG.entries.values():
+        names.update(entry.output_names().values())
+    excused: dict[str, str] = {}
+    for phase in m.PHASES:
+        for part in m.TIME_PHASE.choices["part"]:
+            names.add(f"time/*/{phase}/{part}")
+        for when in ("start", "end"):
+            for kind in ("rss", "vms"):
+                names.add(f"memory/cpu/*/{phase}/{when}/{kind}")
+        if not _cuda():
+            excused[f"memory/*/{phase}/.../{{device_id}}"] = (
+                "GPU memory: torch.cuda is not available on this machine"
+            )
+        else:
+            for when, state in (
+                ("start", "offload"),
+                ("start", "onload"),
+                ("end", "onload"),
+                ("end", "offload"),
+            ):
+                for stat in ("allocated", "reserved", "max_allocated", "max_reserved"):
+                    names.add(f"memory/*/{phase}/{when}/{state}/{stat}/0")
+    return names, excused
+
+
+def _generic(name: str) -> str:
+    """Replace the cluster segment of a template name with ``*``."""
+    for template in (m.MEMORY_CPU, m.MEMORY_GPU, m.TIME_PHASE):
+        params = template.match(name)
+        if params is not None:
+            return template.pattern.format(**{**params, "cluster": "*"})
+    return name
+
+
+def test_every_catalog_metric_is_emitted(run: dict[str, Any]) -> None:
+    records = run["records"]
+    assert [r["step"] for r in records] == list(range(STEPS))
+    emitted = {_generic(n) for r in records for n in r["metrics"]}
+    expected, excused = expected_names()
+    missing = sorted(expected - emitted)
+    assert not missing, f"catalog metrics never emitted: {missing}"
+    for name in {n for r in records for n in r["metrics"]}:
+        assert CATALOG.resolve(name).known, f"{name} is not in the catalog"
+    print("not produced here:", excused)
+
+
+def test_every_step_is_complete_and_finite(run: dict[str, Any]) -> None:
+    for record in run["records"]:
+        assert not record["partial"], record["missing"]
+        assert record["nonfinite"] == {}
+        # actor_train x2, critic, reference, rollout, reward, driver
+        assert record["ranks"] == 7
+        for name, value in record["metrics"].items():
+            if name == m.SYSTEM_TPS.name and record["step"] == 0:
+                continue  # the collector has no previous step end to time the first step from
+            assert math.isfinite(value), (record["step"], name, value)
+
+
+def test_values_are_coherent(run: dict[str, Any]) -> None:
+    for record in run["records"]:
+        v = record["metrics"]
+        for name, value in v.items():
+            if CATALOG.resolve(name).reduction.name == "FRACTION":
+                assert 0.0 <= value <= 1.0, name
+            if name.startswith("time/"):
+                assert value >= 0.0, name
+        for family in (
+            "critic/score",
+            "critic/rewards",
+            "critic/advantages",
+            "critic/returns",
+            "critic/values",
+            "tokens/response_length",
+            "tokens/prompt_length",
+        ):
+            assert v[f"{family}/min"] <= v[f"{family}/mean"] <= v[f"{family}/max"], family
+        assert v["actor/ratio_min"] <= v["actor/ratio_mean"] <= v["actor/ratio_max"]
+        assert v[m.ACTOR_TOTAL_SAMPLES.name] == BATCH
+        assert v[m.SYSTEM_STEP_SAMPLES.name] == BATCH
+        assert v[m.ACTOR_VALID_SAMPLES.name] <= BATCH
+        assert v[m.ACTOR_VALID_SAMPLE_RATIO.name] == pytest.approx(
+            v[m.ACTOR_VALID_SAMPLES.name] / BATCH
+        )
+        assert 1 <= v["tokens/response_length/max"] <= MAX_NEW_TOKENS
+        assert v["critic/score/min"] >= 0.0 and v["critic/score/max"] <= 1.0
+        assert v["actor/sample_weights_mean"] == pytest.approx(1.0, abs=1e-6)
+        assert v[m.ACTOR_KL_LOSS.name] >= 0.0  # k3 is non-negative
+        assert v[m.ACTOR_APPROXKL.name] >= 0.0
+        assert v[m.ACTOR_KL_COEF.name] <= 1.0
+        assert v[m.ACTOR_PPO_RATIO_CLIPFRAC.name] == pytest.approx(
+            v[m.ACTOR_PPO_RATIO_HIGH_CLIPFRAC.name] + v[m.ACTOR_PPO_RATIO_LOW_CLIPFRAC.name]
+        )
+        # The SFT loss pools the positive and negative tokens.
+        lo, hi = sorted((v[m.ACTOR_POSITIVE_SFT_LOSS.name], v[m.ACTOR_NEGATIVE_SFT_LOSS.name]))
+        assert lo - 1e-9 <= v[m.ACTOR_SFT_LOSS.name] <= hi + 1e-9
+        assert v["time/actor_train/train_step/total"] >= v["time/actor_train/train_step/execute"]
+        assert v["val/score/min"] <= v["val/score/mean"] <= v["val/score/max"]
+    first, last = run["records"][0]["metrics"], run["records"][-1]["metrics"]
+    assert last[m.SYSTEM_SAMPLES.name] == STEPS * BATCH
+    assert last[m.SYSTEM_TOKENS.name] == pytest.approx(
+        sum(r["metrics"][m.SYSTEM_STEP_TOKENS.name] for r in run["records"])
+    )
+    # Step 0 runs the reference and the policy from the same weights: no KL yet.
+    assert first[m.ACTOR_REF_KL.name] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_checkpoint_exports_a_loadable_huggingface_policy(run: dict[str, Any]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = run["run_dir"] / f"checkpoint-{STEPS - 1}" / "actor"
+    model = AutoModelForCausalLM.from_pretrained(export)
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    ids = tokenizer("abc>", return_tensors="pt", add_special_tokens=False).input_ids
+    out = model.generate(
+        ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )
+    assert out.shape[1] > ids.shape[1]
+    assert (export / "optimizer.pt").exists()
+    assert (run["run_dir"] / f"checkpoint-{STEPS - 1}" / "critic" / "critic.pt").exists()
+    assert str(export) in run["stdout"]
+
+
+def test_no_metric_was_dropped_or_rejected(run: dict[str, Any]) -> None:
+    # Every worker's producer counters, summed: nothing dropped, invalid or non-finite.
+    assert "producer problems: none" in run["stdout"], run["stdout"]

@@ -1,0 +1,112 @@
+"""Shared fixtures for the trainer tests: a tiny config, tokenizer, task and a filled batch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from trainer.advantage import compute_advantages, sample_weights, validity
+from trainer.batch import RolloutBatch
+from trainer.config import ModelConfig, PPOConfig, TrainerConfig
+from trainer.model import ValueModel, build_policy
+from trainer.policy_trainer import PolicyTrainer
+from trainer.rollout import generate_hf
+from trainer.task import AdditionTask, score
+from trainer.tokenizer import build_tokenizer
+
+
+class ThreadGroup:
+    """In-process stand-in for a process group: N threads sum tensors in rank order."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.barrier = threading.Barrier(world_size, timeout=60)
+        self.buffers: list[torch.Tensor | None] = [None] * world_size
+
+
+class ThreadComm:
+    """A ``trainer.comm.Comm`` over a :class:`ThreadGroup` (every rank gets the same sum)."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group, self.rank, self.world_size = group, rank, group.world_size
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        g = self.group
+        g.buffers[self.rank] = tensor.detach().clone()
+        g.barrier.wait()
+        total = g.buffers[0].clone()
+        for other in g.buffers[1:]:
+            total += other
+        g.barrier.wait()  # nobody overwrites a buffer before everyone has read it
+        tensor.copy_(total)
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> TrainerConfig:
+    return TrainerConfig(
+        model=ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2),
+        ppo=PPOConfig(
+            batch_size=16,
+            epochs=2,
+            mini_batches=2,
+            kl_placement="loss",
+            sft_loss_coef=0.1,
+            entropy_coef=0.01,
+            actor_lr=1e-3,
+            drop_truncated=False,
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def filled_batch(tiny_cfg: TrainerConfig, tokenizer) -> RolloutBatch:
+    """A generated batch with every field the trainers read, as the driver would fill it."""
+    torch.manual_seed(0)
+    task = AdditionTask(9, 8, seed=0)  # short answers keep the fixture small
+    policy = build_policy(tiny_cfg.model, tokenizer, seed=0)
+    problems = task.sample(tiny_cfg.ppo.batch_size)
+    gen = generate_hf(
+        policy,
+        tokenizer,
+        [p.prompt for p in problems],
+        max_new_tokens=4,
+        temperature=1.0,
+        top_p=1.0,
+        greedy=False,
+    )
+    batch = gen.batch
+    scores = torch.tensor(
+        [
+            score(r, p.answer) + 0.1 * (i % 3)
+            for i, (r, p) in enumerate(zip(gen.responses, problems, strict=True))
+        ]
+    )
+    old = PolicyTrainer(policy, tiny_cfg.ppo, comm=None).log_probs(batch)  # type: ignore[arg-type]
+    values = ValueModel.from_policy(policy)
+    torch.nn.init.normal_(values.head.weight, std=0.1)
+    from trainer.model import response_values
+
+    with torch.no_grad():
+        v = response_values(values, batch.input_ids, batch.attention_mask, batch.prompt_width)
+    valid = validity(gen.truncated, batch.response_lengths, scores, tiny_cfg.ppo, 1)
+    valid[[1, 2, 3, 9]] = False  # unequal token counts across ranks: a mean of means would differ
+    batch = batch.replace(
+        scores=scores,
+        valid=valid,
+        sample_weights=sample_weights([p.difficulty for p in problems], "difficulty"),
+        old_log_probs=old.log_probs,
+        ref_log_probs=old.log_probs + 0.05 * torch.randn_like(old.log_probs),
+        values=v,
+    )
+    adv = compute_advantages(batch, tiny_cfg.ppo, 0.05, 1)
+    return adv.batch.replace(positive=adv.batch.rewards > 0)

@@ -1,0 +1,75 @@
+"""``python -m trainer --config FILE [--steps N] [--run NAME] [--collector ADDRESS] [--set k=v]``
+
+Without ``--collector`` the trainer starts its own collector (configured by the ``collector``
+section of the config; by default a jsonl file in the run directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from trainer.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", help="YAML config (see trainer/configs/reverse.yaml)")
+    parser.add_argument("--steps", type=int, help="number of PPO steps")
+    parser.add_argument("--run", help="run name (metrics and checkpoints go under it)")
+    parser.add_argument("--collector", help="attach to a running collector, e.g. tcp://host:5555")
+    parser.add_argument("--ray-address", help="attach to a Ray cluster (auto or HOST:6379)")
+    parser.add_argument("--output-dir", help="where run directories go")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field, e.g. --set ppo.clip_high=0.3",
+    )
+    args = parser.parse_args(argv)
+    overrides = list(args.set)
+    for key, value in (
+        ("steps", args.steps),
+        ("run", args.run),
+        ("collector_address", args.collector),
+        ("output_dir", args.output_dir),
+        ("cluster.ray_address", args.ray_address),
+    ):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.no_progress:
+        overrides.append("progress=false")
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"trainer: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from trainer.run import train
+
+    result = train(cfg)
+    val = ", ".join(f"step {s}: {v:.3f}" for s, v in result.val_scores)
+    print(
+        f"run {cfg.run}: {result.steps} steps; val/score/mean {val}; "
+        f"policy exported to {result.export_dir}"
+    )
+    print(f"producer problems: {result.producer_problems or 'none'}")
+    if result.step_seconds:
+        ordered = sorted(result.step_seconds)
+        print(f"step seconds: median {ordered[len(ordered) // 2]:.3f} over {len(ordered)} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

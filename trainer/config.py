@@ -1,0 +1,433 @@
+"""Trainer configuration: one frozen dataclass per component, loaded from YAML with overrides.
+
+Every field is validated in ``__post_init__``; a bad value fails at start-up with a
+:class:`ConfigError` that names the field.
+
+>>> cfg = load_config(None, ["ppo.clip_high=0.3", "steps=3"])
+>>> cfg.ppo.clip_high, cfg.steps
+(0.3, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; ``field`` names it (``ppo.clip_low``)."""
+
+    def __init__(self, field: str, problem: str, value: Any = None) -> None:
+        got = "" if value is None else f" (got {value!r})"
+        super().__init__(f"{field}: {problem}{got}")
+        self.field = field
+        self.problem = problem
+        self.value = value
+
+
+def _require(ok: bool, name: str, problem: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(name, problem, value)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A tiny Llama built from this config with random initialisation (nothing downloaded)."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_layers: int = 2
+    num_heads: int = 4
+    max_position_embeddings: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads"):
+            _require(
+                getattr(self, name) > 0, f"model.{name}", "must be positive", getattr(self, name)
+            )
+        _require(
+            self.hidden_size % self.num_heads == 0,
+            "model.num_heads",
+            "must divide hidden_size",
+            self.num_heads,
+        )
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The synthetic task (see :mod:`trainer.task`): ``reverse`` a word of ``min_len`` to
+    ``max_len`` letters drawn from the first ``letters`` letters, or ``addition`` of two
+    integers in ``[0, max_operand]``."""
+
+    name: Literal["reverse", "addition"] = "reverse"
+    letters: int = 5
+    min_len: int = 2
+    max_len: int = 4
+    max_operand: int = 19
+    val_prompts: int = 64
+    """Held-out prompts for validation (never sampled for training)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.name in ("reverse", "addition"),
+            "task.name",
+            "must be reverse or addition",
+            self.name,
+        )
+        _require(1 <= self.letters <= 26, "task.letters", "must be in [1, 26]", self.letters)
+        _require(
+            1 <= self.min_len <= self.max_len,
+            "task.min_len",
+            "must be in [1, max_len]",
+            self.min_len,
+        )
+        _require(self.max_operand >= 1, "task.max_operand", "must be >= 1", self.max_operand)
+        _require(self.val_prompts >= 1, "task.val_prompts", "must be >= 1", self.val_prompts)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm-start before PPO, so that the policy finishes answers with EOS and
+    the reward has something to move. ``steps: 0`` disables it."""
+
+    steps: int = 50
+    batch_size: int = 32
+    lr: float = 3e-3
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 0, "sft.steps", "must be >= 0", self.steps)
+        _require(self.batch_size > 0, "sft.batch_size", "must be positive", self.batch_size)
+        _require(self.lr > 0, "sft.lr", "must be positive", self.lr)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Generation settings. ``backend: auto`` picks vLLM when it is installed and a GPU is
+    present, transformers ``generate`` otherwise."""
+
+    backend: Literal["auto", "hf", "vllm"] = "auto"
+    max_new_tokens: int = 6
+    temperature: float = 1.0
+    top_p: float = 1.0
+    samples_per_prompt: int = 4
+    """Responses per prompt (a GRPO group)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.backend in ("auto", "hf", "vllm"),
+            "rollout.backend",
+            "must be auto, hf or vllm",
+            self.backend,
+        )
+        _require(
+            self.max_new_tokens > 0,
+            "rollout.max_new_tokens",
+            "must be positive",
+            self.max_new_tokens,
+        )
+        _require(self.temperature > 0, "rollout.temperature", "must be positive", self.temperature)
+        _require(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]", self.top_p)
+        _require(
+            self.samples_per_prompt >= 1,
+            "rollout.samples_per_prompt",
+            "must be >= 1",
+            self.samples_per_prompt,
+        )
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The RL algorithm. ``algorithm: grpo`` uses group-normalised advantages and no critic."""
+
+    algorithm: Literal["ppo", "grpo"] = "ppo"
+    batch_size: int = 64
+    """Samples (responses) per step."""
+    epochs: int = 2
+    mini_batches: int = 2
+    actor_lr: float = 5e-4
+    critic_lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    value_clip: float | None = 0.2
+    """Value clipping range around the old values; null turns value clipping off."""
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    entropy_coef: float = 0.0
+    kl_placement: Literal["reward", "loss"] = "reward"
+    """Where the KL penalty to the reference goes: into token rewards, or into the actor loss."""
+    kl_coef: float = 0.02
+    target_kl: float | None = 0.02
+    """Adaptive KL control target; null keeps ``kl_coef`` fixed."""
+    kl_horizon: int = 1000
+    kl_coef_max: float = 1.0
+    reward_norm: Literal["none", "batch"] = "batch"
+    reward_clip: float | None = 2.0
+    drop_truncated: bool = True
+    """Responses that hit ``max_new_tokens`` without EOS are invalid: no loss."""
+    drop_uniform_groups: bool = False
+    """GRPO only: groups whose responses all scored the same carry no signal; mark invalid."""
+    sample_weighting: Literal["uniform", "difficulty"] = "difficulty"
+    sft_loss_coef: float = 0.0
+    """Weight of the SFT (NLL) loss on positive samples (normalised reward above 0, i.e.
+    better than the batch average) added to the actor loss; 0 measures it only."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.algorithm in ("ppo", "grpo"),
+            "ppo.algorithm",
+            "must be ppo or grpo",
+            self.algorithm,
+        )
+        for name in ("batch_size", "epochs", "mini_batches", "kl_horizon"):
+            _require(getattr(self, name) >= 1, f"ppo.{name}", "must be >= 1", getattr(self, name))
+        for name in ("actor_lr", "critic_lr", "max_grad_norm", "clip_low", "clip_high"):
+            _require(
+                getattr(self, name) > 0, f"ppo.{name}", "must be positive", getattr(self, name)
+            )
+        _require(self.clip_low < 1, "ppo.clip_low", "must be below 1", self.clip_low)
+        _require(
+            self.value_clip is None or self.value_clip > 0,
+            "ppo.value_clip",
+            "must be positive or null",
+            self.value_clip,
+        )
+        _require(0 <= self.gamma <= 1, "ppo.gamma", "must be in [0, 1]", self.gamma)
+        _require(0 <= self.lam <= 1, "ppo.lam", "must be in [0, 1]", self.lam)
+        _require(
+            self.kl_placement in ("reward", "loss"),
+            "ppo.kl_placement",
+            "must be reward or loss",
+            self.kl_placement,
+        )
+        _require(
+            0 <= self.kl_coef <= self.kl_coef_max,
+            "ppo.kl_coef",
+            "must be in [0, kl_coef_max]",
+            self.kl_coef,
+        )
+        _require(
+            self.target_kl is None or self.target_kl > 0,
+            "ppo.target_kl",
+            "must be positive or null",
+            self.target_kl,
+        )
+        _require(
+            self.reward_norm in ("none", "batch"),
+            "ppo.reward_norm",
+            "must be none or batch",
+            self.reward_norm,
+        )
+        _require(
+            self.reward_clip is None or self.reward_clip > 0,
+            "ppo.reward_clip",
+            "must be positive or null",
+            self.reward_clip,
+        )
+        _require(
+            self.sample_weighting in ("uniform", "difficulty"),
+            "ppo.sample_weighting",
+            "must be uniform or difficulty",
+            self.sample_weighting,
+        )
+        _require(self.sft_loss_coef >= 0, "ppo.sft_loss_coef", "must be >= 0", self.sft_loss_coef)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Ray placement. Every role is one Ray actor per rank; ``actor_train_ranks`` are
+    data-parallel replicas that all-reduce gradients (gloo on CPU, NCCL on GPU)."""
+
+    actor_train_ranks: int = 2
+    ray_address: str | None = None
+    """Attach to a running Ray cluster (``auto`` or ``HOST:6379``); null starts a local one."""
+    num_cpus: int | None = 2
+    """Logical CPUs of a local Ray instance (ignored when attaching to a cluster)."""
+    offload: bool = True
+    """Move model and optimizer state off the device between phases (onload/offload)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        _require(
+            self.actor_train_ranks >= 1,
+            "cluster.actor_train_ranks",
+            "must be >= 1",
+            self.actor_train_ranks,
+        )
+        _require(
+            self.device in ("auto", "cpu", "cuda"),
+            "cluster.device",
+            "must be auto, cpu or cuda",
+            self.device,
+        )
+        _require(
+            self.torch_threads >= 1, "cluster.torch_threads", "must be >= 1", self.torch_threads
+        )
+
+
+def _default_collector() -> dict[str, Any]:
+    return {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": "metrics.jsonl"}}}
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The whole run. ``collector`` is the collector's own YAML config, used only when the
+    trainer starts its own collector (no ``collector_address``); a relative ``path`` in it
+    is taken relative to the run's output directory."""
+
+    run: str = "trainer"
+    steps: int = 20
+    seed: int = 0
+    val_every: int = 5
+    """Validate every this many steps (0: only at the end), and always at the last step."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0: only at the end)."""
+    output_dir: str = "runs"
+    collector_address: str | None = None
+    collector: Mapping[str, Any] = field(default_factory=_default_collector)
+    progress: bool = True
+    metrics: bool = True
+    """Stream metrics to the collector; false runs the same training with a NullProducer
+    (what the training-overhead benchmark compares against)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def producer(self, address: str | None, role: str, rank: int = 0, world_size: int = 1) -> Any:
+        """This run's Producer for one worker, or a NullProducer with metrics off."""
+        from producer import NullProducer, Producer
+
+        if not self.metrics:
+            return NullProducer()
+        return Producer(
+            address,
+            run=self.run,
+            role=role,
+            rank=rank,
+            world_size=world_size,
+            expected_roles=self.topology(),
+        )
+
+    def topology(self) -> dict[str, int]:
+        """Every role of the run with its world size, declared to the collector so it waits
+        for workers still starting up instead of emitting a step without them."""
+        roles = {
+            "actor_train": self.cluster.actor_train_ranks,
+            "reference": 1,
+            "rollout": 1,
+            "reward": 1,
+            "driver": 1,
+        }
+        if self.ppo.algorithm == "ppo":
+            roles["critic"] = 1
+        return roles
+
+    def __post_init__(self) -> None:
+        _require(
+            bool(self.run) and "/" not in self.run,
+            "run",
+            "must be a non-empty name without '/'",
+            self.run,
+        )
+        _require(self.steps >= 1, "steps", "must be >= 1", self.steps)
+        _require(self.val_every >= 0, "val_every", "must be >= 0", self.val_every)
+        _require(self.save_every >= 0, "save_every", "must be >= 0", self.save_every)
+        ppo, rollout = self.ppo, self.rollout
+        _require(
+            ppo.batch_size % rollout.samples_per_prompt == 0,
+            "ppo.batch_size",
+            f"must be a multiple of rollout.samples_per_prompt ({rollout.samples_per_prompt})",
+            ppo.batch_size,
+        )
+        # Every global mini-batch is split evenly over the data-parallel ranks, so that one
+        # rank and two ranks see the same mini-batches (and produce the same gradients).
+        shards = ppo.mini_batches * self.cluster.actor_train_ranks
+        _require(
+            ppo.batch_size % shards == 0,
+            "ppo.batch_size",
+            f"must be a multiple of mini_batches x actor_train_ranks ({shards})",
+            ppo.batch_size,
+        )
+        _require(
+            ppo.algorithm != "grpo" or rollout.samples_per_prompt >= 2,
+            "rollout.samples_per_prompt",
+            "GRPO needs groups of at least 2",
+            rollout.samples_per_prompt,
+        )
+        # GRPO's advantages are per sequence: a per-token KL penalty in the reward has no
+        # place to go, so GRPO takes the KL in the loss (as in the GRPO paper).
+        _require(
+            ppo.algorithm != "grpo" or ppo.kl_placement == "loss",
+            "ppo.kl_placement",
+            "must be loss with algorithm grpo",
+            ppo.kl_placement,
+        )
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    """A dataclass from a mapping, recursing into nested dataclass fields."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix.rstrip(".") or "config", "must be a mapping", data)
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(prefix + unknown[0], f"unknown field (known: {sorted(names)})")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, f"{prefix}{key}.")
+        else:
+            kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(prefix.rstrip(".") or "config", str(exc)) from exc
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(dotted, "is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainerConfig:
+    """Read a YAML file (or start from the defaults) and apply ``key.sub=value`` overrides,
+    whose values are parsed as YAML (``ppo.value_clip=null``, ``cluster.offload=false``)."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(str(path), "must hold a YAML mapping", type(loaded).__name__)
+        tree = loaded
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(item, "an override is KEY=VALUE, e.g. ppo.clip_high=0.3")
+        _set_path(tree, key.strip(), yaml.safe_load(raw))
+    return _build(TrainerConfig, tree, "")
+
+
+def to_dict(cfg: TrainerConfig) -> dict[str, Any]:
+    """The configuration as plain data (for logging and for shipping to workers)."""
+    return dataclasses.asdict(cfg)

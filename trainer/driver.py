@@ -1,0 +1,219 @@
+"""The single controller: one PPO step after another, read top to bottom.
+
+Each step:
+
+1. model_update: actor_train rank 0 hands its weights to the rollout engine;
+2. (validation on held-out prompts, at the start of every ``val_every``-th step);
+3. rollout: sample responses to training prompts                        -> time/rollout
+4. reference log-probs and verifier rewards, in parallel  -> time/ref_log_probs_values_reward
+5. old-policy log-probs (sharded over actor_train) and critic values     -> time/old_log_probs_values
+6. rewards -> KL shaping -> advantages (GAE, or GRPO groups), here in the driver -> time/adv
+7. actor_train ranks and the critic train, in parallel; the KL controller adapts;
+8. at the last step: validation of the final policy, checkpoint and HuggingFace export;
+9. the driver logs the batch-level data metrics, and every worker closes the step.
+
+Workers log what they compute; the driver logs only what it computes (batch data, stage
+timings, validation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import ray
+
+from producer import Producer
+from schemas import metrics as m
+from trainer import emit
+from trainer.advantage import compute_advantages, sample_weights, validity
+from trainer.batch import concat_rows, shard_indices
+from trainer.cluster import Workers
+from trainer.config import TrainerConfig
+from trainer.diversity import distinct_n, repetition
+from trainer.ppo import AdaptiveKLController
+from trainer.progress import Progress
+from trainer.task import Task, is_correct, score
+
+
+@dataclass
+class RunResult:
+    """What a run did, for the CLI and the tests."""
+
+    steps: int = 0
+    val_scores: list[tuple[int, float]] = field(default_factory=list)
+    """(step, val/score/mean) of every validation, in order."""
+    train_scores: list[float] = field(default_factory=list)
+    export_dir: str | None = None
+    kl_coef: float = 0.0
+    producer_problems: dict[str, int] = field(default_factory=dict)
+    """Counters of metrics the producers dropped or rejected, summed over workers (empty: none)."""
+    step_seconds: list[float] = field(default_factory=list)
+    """Wall time of each step, as the driver saw it (the training-overhead benchmark)."""
+
+
+@contextmanager
+def timed(into: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[name] = time.perf_counter() - t0
+
+
+class Driver:
+    """Runs the steps against a set of workers and logs the driver's metrics."""
+
+    def __init__(
+        self, cfg: TrainerConfig, workers: Workers, producer: Producer, task: Task
+    ) -> None:
+        self.cfg, self.workers, self.producer, self.task = cfg, workers, producer, task
+        ppo = cfg.ppo
+        self.kl = AdaptiveKLController(ppo.kl_coef, ppo.target_kl, ppo.kl_horizon, ppo.kl_coef_max)
+        self.result = RunResult()
+
+    def run(self) -> RunResult:
+        last = self.cfg.steps - 1
+        with Progress(self.cfg.steps, enabled=self.cfg.progress) as bar:
+            for step in range(self.cfg.steps):
+                val_first = (
+                    self.cfg.val_every > 0 and step % self.cfg.val_every == 0 and step != last
+                )
+                started = time.perf_counter()
+                summary = self.step(step, validate_first=val_first, final=step == last)
+                self.result.step_seconds.append(time.perf_counter() - started)
+                bar.update(summary)
+        return self.result
+
+    def step(self, step: int, *, validate_first: bool, final: bool) -> dict[str, float]:
+        cfg, w = self.cfg, self.workers
+        times: dict[str, float] = {}
+
+        # 1. Sync the rollout engine with the policy being trained (a no-op change at step 0,
+        # but the same path every step).
+        ray.get(w.rollout.update_weights.remote(step, w.actor_train[0].export_weights.remote(step)))
+
+        summary: dict[str, float] = {}
+        if validate_first:
+            summary["val"] = self.validate(step)
+
+        # 3. Rollout: each prompt is asked samples_per_prompt times (a GRPO group).
+        group = cfg.rollout.samples_per_prompt
+        with timed(times, m.TIME_ROLLOUT.name):
+            problems = [
+                p for p in self.task.sample(cfg.ppo.batch_size // group) for _ in range(group)
+            ]
+            gen = ray.get(w.rollout.generate.remote(step, [p.prompt for p in problems]))
+        batch = gen.batch
+
+        # 4. Reference log-probs and rewards do not depend on each other: run them together.
+        with timed(times, m.TIME_REF_LOG_PROBS_VALUES_REWARD.name):
+            ref_ref = w.reference.compute_log_probs.remote(step, batch)
+            reward_ref = w.reward.compute_rewards.remote(
+                step, gen.responses, [p.answer for p in problems]
+            )
+            ref_log_probs, (scores, correct) = ray.get([ref_ref, reward_ref])
+
+        # 5. Old-policy log-probs on the data-parallel shards, values on the critic.
+        n_ranks = len(w.actor_train)
+        rows = [shard_indices(batch.size, r, n_ranks, cfg.ppo.mini_batches) for r in range(n_ranks)]
+        with timed(times, m.TIME_OLD_LOG_PROBS_VALUES.name):
+            lp_refs = [
+                a.compute_log_probs.remote(step, batch.select(rows[r]))
+                for r, a in enumerate(w.actor_train)
+            ]
+            values_ref = (
+                w.critic.compute_values.remote(step, batch) if w.critic is not None else None
+            )
+            parts = ray.get(lp_refs)
+            values = ray.get(values_ref) if values_ref is not None else None
+        old_log_probs = concat_rows([p.log_probs for p in parts], rows, batch.size)
+
+        # 6. Advantages, in one place so that normalisation and whitening are batch-global.
+        with timed(times, m.TIME_ADV.name):
+            batch = batch.replace(
+                scores=scores,
+                valid=validity(gen.truncated, batch.response_lengths, scores, cfg.ppo, group),
+                sample_weights=sample_weights(
+                    [p.difficulty for p in problems], cfg.ppo.sample_weighting
+                ),
+                old_log_probs=old_log_probs,
+                ref_log_probs=ref_log_probs,
+                values=values,
+            )
+            adv = compute_advantages(batch, cfg.ppo, self.kl.coef, group)
+            # Positive samples (for the SFT losses) are the positively rewarded ones: after
+            # normalisation, those better than the batch average.
+            batch = adv.batch.replace(positive=adv.batch.rewards > 0)
+
+        # 7. Train the policy (sharded) and the critic together; then adapt the KL coefficient
+        # to the KL this batch showed (the coefficient used is the one logged).
+        kl_coef = self.kl.coef
+        train_refs = [
+            a.train_step.remote(step, batch.select(rows[r]), kl_coef)
+            for r, a in enumerate(w.actor_train)
+        ]
+        critic_ref = w.critic.train_step.remote(step, batch) if w.critic is not None else None
+        actor_out = ray.get(train_refs)
+        if critic_ref is not None:
+            ray.get(critic_ref)
+        self.kl = self.kl.update(adv.ref_kl, n_steps=batch.size)
+
+        # 8. The last step: validate the final policy, checkpoint and export it.
+        if final:
+            summary["val"] = self.validate(step, after_update=True)
+        if final or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+            self.checkpoint(step)
+
+        # 9. The driver's own metrics, then close the step everywhere.
+        self.producer.log(
+            {
+                **emit.batch_data(batch, adv.reward_clipped, correct, adv.ref_kl, kl_coef),
+                **emit.stage_times(times),
+            },
+            step,
+        )
+        ray.get([x.step_done.remote(step) for x in w.all()])
+        self.producer.step_done(step)
+
+        score_mean = float(scores.mean())
+        self.result.steps = step + 1
+        self.result.train_scores.append(score_mean)
+        self.result.kl_coef = self.kl.coef
+        tokens = sum(o["tokens"] for o in actor_out)
+        summary.update(
+            score=score_mean,
+            kl=adv.ref_kl,
+            kl_coef=kl_coef,
+            pg_loss=sum(o["pg_loss_sum"] for o in actor_out) / max(tokens, 1.0),
+        )
+        return summary
+
+    def validate(self, step: int, after_update: bool = False) -> float:
+        """Greedy answers to the held-out prompts: val/score, accuracy and diversity."""
+        w = self.workers
+        if after_update:  # the rollout engine still holds the weights from before the update
+            ray.get(
+                w.rollout.update_weights.remote(step, w.actor_train[0].export_weights.remote(step))
+            )
+        problems = self.task.val
+        gen = ray.get(w.rollout.generate.remote(step, [p.prompt for p in problems], True))
+        scores = [score(r, p.answer) for r, p in zip(gen.responses, problems, strict=True)]
+        correct = [is_correct(r, p.answer) for r, p in zip(gen.responses, problems, strict=True)]
+        distinct = {n: distinct_n(gen.responses, n) for n in (1, 2)}
+        self.producer.log(
+            emit.validation(scores, correct, distinct, repetition(gen.responses, 2)), step
+        )
+        mean = sum(scores) / len(scores)
+        self.result.val_scores.append((step, mean))
+        return mean
+
+    def checkpoint(self, step: int) -> None:
+        directory = str(self.cfg.run_dir / f"checkpoint-{step}")
+        refs = [a.checkpoint.remote(step, directory) for a in self.workers.actor_train]
+        if self.workers.critic is not None:
+            refs.append(self.workers.critic.checkpoint.remote(step, directory))
+        paths = ray.get(refs)
+        self.result.export_dir = paths[0]

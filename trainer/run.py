@@ -1,0 +1,101 @@
+"""One training run end to end: collector, warm-start, Ray workers, the driver, clean-up."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.driver import Driver, RunResult
+from trainer.model import build_policy
+from trainer.sft import warm_start
+from trainer.task import Task, build_task
+from trainer.tokenizer import build_tokenizer
+
+log = logging.getLogger("rlpulse.trainer")
+_PATH_KEYS = ("path", "log_dir", "logdir")
+
+
+def collector_config(cfg: TrainerConfig) -> dict[str, Any]:
+    """The collector's config with relative sink paths placed in the run directory."""
+    raw = copy.deepcopy(dict(cfg.collector))
+    kwargs = raw.get("tracker_kwargs") or {}
+
+    def place(section: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(section)
+        for key in _PATH_KEYS:
+            value = out.get(key)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                out[key] = str((cfg.run_dir / value).resolve())
+        return out
+
+    if isinstance(raw.get("track_with"), str):  # ROLL's form: kwargs of the one tracker
+        raw["tracker_kwargs"] = place(kwargs)
+    else:
+        raw["tracker_kwargs"] = {k: place(v or {}) for k, v in kwargs.items()}
+    return raw
+
+
+def initial_weights(cfg: TrainerConfig, task: Task) -> dict[str, torch.Tensor]:
+    """Random init from the seed, then the SFT warm-start: every worker starts from these."""
+    tokenizer = build_tokenizer()
+    policy = build_policy(cfg.model, tokenizer, seed=cfg.seed)
+    losses = warm_start(policy, tokenizer, task, cfg.sft)
+    if losses:
+        log.info("SFT warm-start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def producer_problems(stats: list[dict[str, int]]) -> dict[str, int]:
+    """Summed producer counters that mean lost or rejected metrics (all zero when healthy)."""
+    keys = ("dropped_queue_full", "dropped_send", "invalid", "nonfinite", "errors")
+    totals = {k: sum(s.get(k, 0) for s in stats) for k in keys}
+    return {k: v for k, v in totals.items() if v}
+
+
+def train(cfg: TrainerConfig) -> RunResult:
+    """Run ``cfg``; start a collector when ``cfg.collector_address`` is None."""
+    import ray  # heavy: imported when a run starts, not when the module is
+
+    from trainer.cluster import close_workers, create_workers, init_ray
+
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.cluster.torch_threads)
+    torch.manual_seed(cfg.seed)
+    collector = None
+    address = cfg.collector_address
+    if address is None and cfg.metrics:
+        from collector.launch import start_collector
+
+        ccfg = collector_config(cfg)
+        bind = ccfg.pop("bind", "tcp://127.0.0.1:*")
+        collector = start_collector(ccfg, bind=bind)
+        address = collector.address
+        log.info("started a collector at %s", address)
+    try:
+        task = build_task(cfg.task, seed=cfg.seed)
+        weights = initial_weights(cfg, task)
+        started_ray = init_ray(cfg)
+        workers = create_workers(cfg, address, weights)
+        # The driver registers last, once every worker's producer has registered.
+        producer = cfg.producer(address, "driver")
+        result = RunResult()
+        try:
+            result = Driver(cfg, workers, producer, task).run()
+        finally:
+            stats = close_workers(workers)
+            producer.flush(timeout=10.0)
+            stats.append(producer.stats())
+            producer.close()
+            result.producer_problems = producer_problems(stats)
+            if started_ray:
+                ray.shutdown()
+    finally:
+        if collector is not None:
+            collector.stop()
+    return result

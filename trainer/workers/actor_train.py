@@ -1,0 +1,96 @@
+"""actor_train: the policy being optimised, one data-parallel rank per worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trainer import emit
+from trainer.batch import RolloutBatch
+from trainer.comm import Comm, LocalComm, TorchDistComm, free_port
+from trainer.model import build_policy
+from trainer.offload import StateMover
+from trainer.policy_trainer import LogProbs, PolicyTrainer
+from trainer.workers.base import Worker, WorkerSpec
+
+
+class ActorTrainWorker(Worker):
+    """Holds a policy replica and its optimizer; all ranks start from the same weights."""
+
+    role = "actor_train"
+
+    def __init__(self, spec: WorkerSpec, weights: dict[str, torch.Tensor]) -> None:
+        super().__init__(spec)
+        self.model = build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
+        self.model.load_state_dict(weights)
+        self.model.eval()
+        self.comm: Comm = LocalComm()
+        self.trainer = PolicyTrainer(self.model, self.cfg.ppo, self.comm)
+        self.mover = StateMover(
+            self.model, self.trainer.optimizer, self.device, enabled=self.cfg.cluster.offload
+        )
+
+    # -- data-parallel group -------------------------------------------------------------
+
+    def rendezvous_port(self) -> int:
+        return free_port("0.0.0.0")
+
+    def init_comm(self, init_method: str) -> bool:
+        """Join the role's process group (every rank calls this at once; it blocks until all
+        have joined)."""
+        if self.spec.world_size > 1:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            self.comm = TorchDistComm(init_method, self.spec.rank, self.spec.world_size, backend)
+            self.trainer.comm = self.comm
+        return True
+
+    # -- phases --------------------------------------------------------------------------
+
+    def compute_log_probs(self, step: int, shard: RolloutBatch) -> LogProbs:
+        """Old-policy log-probs and entropy of this rank's shard."""
+        with self.phase("compute_log_probs", step, self.mover):
+            out = self.trainer.log_probs(shard)
+        self.producer.log(emit.old_log_probs(out.log_probs, out.entropy, shard.response_mask), step)
+        return out
+
+    def train_step(self, step: int, shard: RolloutBatch, kl_coef: float) -> dict[str, float]:
+        """PPO update on this rank's shard; logs every optimizer step's stats.
+        Returns a small summary for the progress bar."""
+        with self.phase("train_step", step, self.mover):
+            result = self.trainer.train(shard, kl_coef)
+        for stats, sft in zip(result.policy, result.sft, strict=True):
+            self.producer.log(emit.policy_step(stats, sft), step)
+        self.producer.log(emit.policy_shard(shard, result.lr), step)
+        n = sum(s.n_tokens for s in result.policy)
+        return {
+            "tokens": float(n),
+            "pg_loss_sum": sum(s.pg_loss * s.n_tokens for s in result.policy),
+        }
+
+    def export_weights(self, step: int) -> dict[str, torch.Tensor]:
+        """The policy weights for the rollout engine (model_update, sending side)."""
+        with self.phase("model_update", step, self.mover):
+            state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return state
+
+    def checkpoint(self, step: int, directory: str) -> str | None:
+        """Rank 0 writes the policy in HuggingFace format (``save_pretrained``, with the
+        tokenizer, loadable by ``AutoModelForCausalLM``) and the optimizer state; every rank
+        times the phase (the replicas are identical, so one copy is the checkpoint)."""
+        out = Path(directory) / "actor"
+        with self.phase("do_checkpoint", step, self.mover):
+            if self.spec.rank != 0:
+                return None
+            out.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+            torch.save(
+                {"step": step, "optimizer": self.trainer.optimizer.state_dict()},
+                out / "optimizer.pt",
+            )
+        return str(out)
+
+    def close(self) -> dict[str, int]:
+        self.comm.close()
+        return super().close()

@@ -1,0 +1,34 @@
+"""reward: the verifier. Scores responses against the task's reference answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from trainer.task import is_correct, score
+from trainer.workers.base import Worker
+
+
+class RewardWorker(Worker):
+    role = "reward"
+
+    def compute_rewards(
+        self, step: int, responses: Sequence[str], answers: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per response: the score in [0, 1] and whether the answer is exactly right."""
+        # A rule-based verifier has no model state to move. Like ROLL's state-offload manager
+        # (which times load/offload even for a strategy without state), the phase still runs
+        # the load and unload hooks, here empty, so every phase reports the same four parts.
+        with self.producer.phase(
+            f"{self.role}/compute_rewards", step=step, onload=_no_state, offload=_no_state
+        ):
+            scores = torch.tensor([score(r, a) for r, a in zip(responses, answers, strict=True)])
+            correct = torch.tensor(
+                [is_correct(r, a) for r, a in zip(responses, answers, strict=True)]
+            )
+        return scores, correct
+
+
+def _no_state() -> None:
+    """The verifier's onload/offload: there is nothing to move."""
