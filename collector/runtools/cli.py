@@ -1,0 +1,143 @@
+"""``python -m collector report`` and ``python -m collector compare``: the run tools' commands.
+
+::
+
+    python -m collector report RUN.jsonl [--run NAME] [--out report.png]
+    python -m collector compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
+                                [--key ppo.lr --key ppo.batch_size] [--format markdown|text]
+                                [--score NAME] [--kl NAME] [--out table.md]
+
+``compare`` shows every run of every file given, one row each. ``--config`` gives each file's
+run configuration (YAML, e.g. the trainer's ``--config`` file), once per file and in the same
+order; without it, a ``config.yaml`` next to a jsonl file is used when there is one. ``--key``
+names a value in those configs by its dotted path (``ppo.lr``); it becomes a column.
+
+>>> main(["compare", "--help"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from collector.runtools.compare import CompareError, render, table
+from collector.runtools.report import ReportError, draw_report
+from collector.runtools.runs import Run, RunFileError, load_run, load_runs
+
+CONFIG_NEXT_TO_RUN = "config.yaml"
+
+
+def _report(args: argparse.Namespace, stdout: TextIO) -> int:
+    run = load_run(args.jsonl, args.run)
+    out = Path(args.out) if args.out else _default_png(Path(args.jsonl), args.run)
+    panels = draw_report(run, out)
+    drawn = sum(1 for p in panels if p.names)
+    print(
+        f"{out}: {run.name}, {len(run.steps)} steps, {drawn}/{len(panels)} panels with data",
+        file=stdout,
+    )
+    return 0
+
+
+def _default_png(jsonl: Path, run: str | None) -> Path:
+    stem = jsonl.stem + (f"-{run}" if run else "")
+    return jsonl.with_name(f"{stem}-report.png")
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise CompareError(f"--config {path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CompareError(f"--config {path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CompareError(f"--config {path}: must hold a YAML mapping")
+    return data
+
+
+def _compare(args: argparse.Namespace, stdout: TextIO) -> int:
+    files = [Path(p) for p in args.jsonl]
+    if args.config and len(args.config) != len(files):
+        raise CompareError(
+            f"--config given {len(args.config)} times for {len(files)} jsonl files: "
+            "give one per file, in the same order"
+        )
+    runs: list[Run] = []
+    labels: list[str] = []
+    configs: list[dict[str, Any] | None] = []
+    for index, path in enumerate(files):
+        if args.config:
+            config: dict[str, Any] | None = _load_config(Path(args.config[index]))
+        elif (path.parent / CONFIG_NEXT_TO_RUN).is_file():
+            config = _load_config(path.parent / CONFIG_NEXT_TO_RUN)
+        else:
+            config = None
+        for run in load_runs(path).values():
+            runs.append(run)
+            labels.append(run.name)
+            configs.append(config)
+    names = [run.name for run in runs]
+    for i, run in enumerate(runs):
+        if names.count(run.name) > 1:  # the same run name in two files: say which file
+            labels[i] = f"{run.name} ({run.source})"
+    text = render(
+        table(runs, labels, configs=configs, keys=args.key, score=args.score, kl=args.kl),
+        args.format,
+    )
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        print(f"{args.out}: {len(runs)} runs", file=stdout)
+    else:
+        print(text, file=stdout)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m collector", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="a PNG of one run's main curves")
+    rep.add_argument("jsonl", help="the run's jsonl output (the jsonl sink's file)")
+    rep.add_argument("--run", help="the run to draw when the file holds several")
+    rep.add_argument("--out", help="PNG to write (default: <jsonl stem>-report.png beside it)")
+    cmp_ = sub.add_parser("compare", help="a table comparing runs side by side")
+    cmp_.add_argument("jsonl", nargs="+", help="jsonl files; every run in each is a row")
+    cmp_.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="a file's run configuration; once per jsonl file, same order",
+    )
+    cmp_.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="DOTTED.KEY",
+        help="a configuration value to show, e.g. ppo.lr (repeatable)",
+    )
+    cmp_.add_argument("--format", choices=("markdown", "text"), default="markdown")
+    cmp_.add_argument(
+        "--score", help="score metric (default val/score/mean if logged, else critic/score/mean)"
+    )
+    cmp_.add_argument("--kl", help="KL metric (default actor/ref_kl if logged, else actor/kl_loss)")
+    cmp_.add_argument("--out", help="write the table here instead of printing it")
+    return top
+
+
+def main(argv: list[str], stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run ``report`` or ``compare`` (``argv[0]``); 0 on success, 2 on bad input."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "report":
+            return _report(args, stdout)
+        return _compare(args, stdout)
+    except (RunFileError, CompareError, ReportError) as exc:
+        print(f"rlpulse {args.command}: {exc}", file=stderr)
+        return 2

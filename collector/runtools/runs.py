@@ -1,0 +1,127 @@
+"""Runs read back from jsonl: one :class:`Run` per run name, each metric a curve over steps.
+
+A jsonl file is what the ``jsonl`` sink writes: one :meth:`schemas.record.StepRecord.to_json`
+object per line. One file may hold several runs (one collector serves many). A step written
+twice (a collector restarted from its ``state_dir`` replays what a sink may already have
+written) counts once: the later line wins.
+
+>>> import json, tempfile, pathlib
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "r.jsonl"
+>>> lines = [{"run": "a", "step": s, "metrics": {"system/tps": 10.0 * s}} for s in (1, 2)]
+>>> _ = path.write_text("".join(json.dumps(x) + "\\n" for x in lines))
+>>> run, = load_runs(path).values()
+>>> run.curve("system/tps")
+((1, 2), (10.0, 20.0))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.record import StepRecord
+
+
+class RunFileError(ValueError):
+    """A jsonl file that cannot be read as runs; ``path`` and ``line`` say where."""
+
+    def __init__(self, path: Path | str, message: str, line: int | None = None) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's steps, as curves: ``series[name]`` is ``((step, value), ...)`` by step.
+
+    ``partial`` counts the steps emitted without every rank; ``source`` is the file read.
+
+    >>> r = Run("r", steps=(0, 1, 2), series={"system/tps": ((1, 100.0), (2, 300.0))})
+    >>> r.max("system/tps"), r.mean("system/tps"), r.mean("actor/ref_kl")
+    (300.0, 200.0, None)
+    """
+
+    name: str
+    steps: tuple[int, ...] = ()
+    series: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    partial: int = 0
+    source: str = ""
+
+    def has(self, name: str) -> bool:
+        return bool(self.series.get(name))
+
+    def curve(self, name: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Steps and values of ``name``, NaN and infinities left out (empty if never logged)."""
+        points = [(s, v) for s, v in self.series.get(name, ()) if math.isfinite(v)]
+        return tuple(s for s, _ in points), tuple(v for _, v in points)
+
+    def last(self, name: str) -> float | None:
+        values = self.curve(name)[1]
+        return values[-1] if values else None
+
+    def max(self, name: str) -> float | None:
+        values = self.curve(name)[1]
+        return max(values) if values else None
+
+    def argmax(self, name: str) -> int | None:
+        """The first step at which ``name`` reached its maximum."""
+        steps, values = self.curve(name)
+        return steps[values.index(max(values))] if values else None
+
+    def mean(self, name: str) -> float | None:
+        """Mean over the steps that logged ``name`` (each step counts once)."""
+        values = self.curve(name)[1]
+        return math.fsum(values) / len(values) if values else None
+
+
+def load_runs(path: str | Path) -> dict[str, Run]:
+    """Every run in ``path``, by name, in order of first appearance."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RunFileError(path, f"cannot read: {exc.strerror}") from None
+    records: dict[str, dict[int, StepRecord]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = StepRecord.from_json(json.loads(line))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RunFileError(path, f"not a step record ({exc})", number) from None
+        records.setdefault(record.run, {})[record.step] = record  # a replayed step: last wins
+    if not records:
+        raise RunFileError(path, "holds no steps")
+    return {name: _run(name, steps, str(path)) for name, steps in records.items()}
+
+
+def load_run(path: str | Path, run: str | None = None) -> Run:
+    """The run named ``run`` in ``path``; without a name, the file's only run."""
+    runs = load_runs(path)
+    if run is None:
+        if len(runs) > 1:
+            raise RunFileError(path, f"holds several runs ({', '.join(runs)}): choose one")
+        return next(iter(runs.values()))
+    if run not in runs:
+        raise RunFileError(path, f"has no run {run!r} (it has {', '.join(runs)})")
+    return runs[run]
+
+
+def _run(name: str, by_step: Mapping[int, StepRecord], source: str) -> Run:
+    steps = tuple(sorted(by_step))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step in steps:
+        for metric, value in by_step[step].metrics.items():
+            series.setdefault(metric, []).append((step, float(value)))
+    return Run(
+        name=name,
+        steps=steps,
+        series={k: tuple(v) for k, v in series.items()},
+        partial=sum(1 for r in by_step.values() if r.partial),
+        source=source,
+    )

@@ -1,0 +1,514 @@
+"""Write the Grafana dashboards in ``dashboards/`` from the metric catalog.
+
+Every query names its metric through :func:`collector.promnames.prom_metric` and a catalog
+constant, so a renamed metric changes the dashboards the next time this runs; the committed
+JSON must equal what this writes (tests/deploy/test_grafana.py), and every query is checked
+against a live collector's ``/metrics`` (tests/deploy/test_exported_names.py).
+
+    .venv/bin/python deploy/grafana/generate.py
+
+Template metrics (phase times, memory) have the worker group, phase and device inside their
+Prometheus name (``rlpulse_time_actor_train_train_step_total_seconds``), so those panels select
+by a ``__name__`` regex and ``label_replace`` the parts back into labels for the legend.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from collector.promnames import PREFIX, prom_metric
+from schemas import metrics as M
+from schemas.catalog import Entry, Template
+from schemas.reductions import Stat
+
+HERE = Path(__file__).parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RUN = 'run=~"$run"'
+JOB = 'job="rlpulse-collector"'  # deploy/prometheus/prometheus.yml, the k8s Service name
+
+
+def name(entry: Entry, stat: Stat | None = None) -> str:
+    """The Prometheus name of a catalog entry (of its ``stat`` output for a family)."""
+    outputs = entry.output_names()
+    reported = next(iter(outputs.values())) if stat is None else outputs[stat]
+    return prom_metric(reported).name
+
+
+def sel(entry: Entry, stat: Stat | None = None) -> str:
+    return f"{name(entry, stat)}{{{RUN}}}"
+
+
+def family(entry: Entry, legend: str) -> list[tuple[str, str]]:
+    """Mean, max and min of a pooled family."""
+    return [
+        (sel(entry, s), f"{{{{run}}}} {legend} {s.value}") for s in (Stat.MEAN, Stat.MAX, Stat.MIN)
+    ]
+
+
+def template_query(regex: str, groups: Sequence[str]) -> str:
+    """Series of every name matching ``regex`` (``rlpulse_`` + it), with its groups as labels."""
+    full = f"{PREFIX}{regex}"
+    expr = f'{{__name__=~"{full}", {RUN}}}'
+    for index, label in enumerate(groups, start=1):
+        expr = f'label_replace({expr}, "{label}", "${index}", "__name__", "{full}")'
+    return expr
+
+
+def template_regex(template: Template, groups: Sequence[tuple[str, str, str]], **fixed: str) -> str:
+    """A regex for the Prometheus names of ``template`` (``rlpulse_`` left off), some
+    parameters ``fixed``, the others captured.
+
+    ``groups`` are ``(param, example value, regex)``: the name is spelled by
+    :func:`prom_metric` with the example values, then each example is swapped for its regex
+    (an example must occur once in the name). ``{cluster}`` and ``{phase}`` are captured as one
+    group, since ``_`` joins them ambiguously (worker group names contain ``_``).
+    """
+    values = {"cluster": "qqcluster", "phase": "qqphase", **fixed}
+    values.update({param: example for param, example, _ in groups})
+    body = prom_metric(template.format(**values)).name[len(PREFIX) :]
+    swaps = [("qqcluster_qqphase", "(.+)")] + [(ex, rx) for _, ex, rx in groups]
+    for example, regex in swaps:
+        if body.count(example) != 1:
+            raise ValueError(f"{example!r} is not in {body!r} exactly once")
+        body = body.replace(example, regex)
+    return body
+
+
+def gpu_regex(when: str, state: str, stat: str) -> str:
+    return template_regex(
+        M.MEMORY_GPU, [("device_id", "7777", "([0-9]+)")], when=when, state=state, stat=stat
+    )
+
+
+# --------------------------------------------------------------------------- JSON building
+
+
+def target(expr: str, legend: str, ref: int) -> dict[str, Any]:
+    return {
+        "datasource": DS,
+        "expr": expr,
+        "legendFormat": legend,
+        "range": True,
+        "refId": chr(ord("A") + ref),
+    }
+
+
+def panel(
+    title: str,
+    queries: Sequence[tuple[str, str]],
+    unit: str,
+    *,
+    description: str = "",
+    kind: str = "timeseries",
+) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target(e, legend, i) for i, (e, legend) in enumerate(queries)],
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+    }
+    if kind == "timeseries":
+        p["fieldConfig"]["defaults"]["custom"] = {
+            "lineWidth": 1,
+            "spanNulls": True,
+            "showPoints": "never",
+        }
+        p["options"] = {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    else:
+        p["options"] = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "none",
+        }
+    return p
+
+
+def layout(panels: list[dict[str, Any]], columns: int = 2, height: int = 8) -> list[dict[str, Any]]:
+    width = 24 // columns
+    for index, p in enumerate(panels):
+        p["id"] = index + 1
+        p["gridPos"] = {
+            "h": height,
+            "w": width,
+            "x": (index % columns) * width,
+            "y": (index // columns) * height,
+        }
+    return panels
+
+
+def dashboard(
+    uid: str, title: str, description: str, panels: list[dict[str, Any]], *, runs: bool = True
+) -> dict[str, Any]:
+    variables: list[dict[str, Any]] = [
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "refresh": 1,
+        },
+    ]
+    if runs:
+        query = f"label_values({prom_metric_run_step()}, run)"
+        variables.append(
+            {
+                "name": "run",
+                "label": "Run",
+                "type": "query",
+                "datasource": DS,
+                "definition": query,
+                "query": {"query": query, "refId": "runs"},
+                "multi": True,
+                "includeAll": True,
+                "allValue": ".*",
+                "current": {},
+                "refresh": 2,
+                "sort": 1,
+                "hide": 0,
+            }
+        )
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["rlpulse"],
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [
+            {"type": "dashboards", "tags": ["rlpulse"], "asDropdown": True, "title": "rlpulse"}
+        ],
+        "templating": {"list": variables},
+        "panels": panels,
+    }
+
+
+def prom_metric_run_step() -> str:
+    return "rlpulse_run_step"  # the Prometheus sink's per-run state (collector/sinks/prometheus.py)
+
+
+# --------------------------------------------------------------------------- the dashboards
+
+
+def rl_overview() -> dict[str, Any]:
+    r = "{{run}}"
+    panels = [
+        panel(
+            "Score",
+            [
+                (sel(M.CRITIC_SCORE, Stat.MEAN), f"{r} train score"),
+                (sel(M.VAL_SCORE, Stat.MEAN), f"{r} val score"),
+                (sel(M.CRITIC_ACCURACY), f"{r} train accuracy"),
+                (sel(M.VAL_ACCURACY), f"{r} val accuracy"),
+            ],
+            "none",
+            description="Training rollouts' and held-out validation score and accuracy.",
+        ),
+        panel(
+            "Rewards",
+            family(M.CRITIC_REWARDS, "reward"),
+            "none",
+            description="Reward per response after normalisation and clipping.",
+        ),
+        panel(
+            "Advantages and returns",
+            [
+                *family(M.CRITIC_ADVANTAGES, "advantage"),
+                (sel(M.CRITIC_RETURNS, Stat.MEAN), f"{r} return mean"),
+            ],
+            "none",
+        ),
+        panel(
+            "KL",
+            [
+                (sel(M.ACTOR_REF_KL), f"{r} KL to reference"),
+                (sel(M.ACTOR_KL_LOSS), f"{r} KL loss"),
+                (sel(M.ACTOR_APPROXKL), f"{r} approx KL to old"),
+                (sel(M.ACTOR_POLICYKL), f"{r} policy KL to old"),
+                (sel(M.ACTOR_KL_COEF), f"{r} KL coef"),
+            ],
+            "none",
+            description="Nats. Alert RLPulseKLToReferenceHigh fires above 0.1.",
+        ),
+        panel(
+            "Entropy",
+            [(sel(M.CRITIC_ENTROPY, Stat.MEAN), f"{r} entropy")],
+            "none",
+            description="Policy entropy per response token (nats). A collapse to ~0 alerts.",
+        ),
+        panel(
+            "Clip fractions",
+            [
+                (sel(M.ACTOR_CLIPFRAC), f"{r} actor clipfrac"),
+                (sel(M.ACTOR_PPO_RATIO_CLIPFRAC), f"{r} ratio outside band"),
+                (sel(M.ACTOR_PPO_RATIO_HIGH_CLIPFRAC), f"{r} ratio high"),
+                (sel(M.ACTOR_PPO_RATIO_LOW_CLIPFRAC), f"{r} ratio low"),
+                (sel(M.CRITIC_CLIPFRAC), f"{r} value clipfrac"),
+                (sel(M.CRITIC_REWARD_CLIP_FRAC), f"{r} reward clip"),
+            ],
+            "percentunit",
+        ),
+        panel(
+            "Response and prompt length",
+            [
+                *family(M.RESPONSE_LENGTH, "response"),
+                (sel(M.PROMPT_LENGTH, Stat.MEAN), f"{r} prompt mean"),
+            ],
+            "none",
+        ),
+        panel(
+            "Losses",
+            [
+                (sel(M.ACTOR_PG_LOSS), f"{r} pg loss"),
+                (sel(M.ACTOR_TOTAL_LOSS), f"{r} actor total loss"),
+                (sel(M.CRITIC_LOSS), f"{r} critic loss"),
+            ],
+            "none",
+        ),
+        panel("Importance ratio", family(M.ACTOR_RATIO, "ratio"), "none"),
+        panel(
+            "Validation diversity",
+            [
+                (sel(M.VAL_DISTINCT_1), f"{r} distinct-1"),
+                (sel(M.VAL_DISTINCT_2), f"{r} distinct-2"),
+                (sel(M.VAL_REPETITION_RATE), f"{r} repetition"),
+            ],
+            "percentunit",
+        ),
+    ]
+    return dashboard(
+        "rlpulse-rl-overview",
+        "rlpulse / RL overview",
+        "Score, rewards, advantages, KL, entropy, clip fractions and lengths per run.",
+        layout(panels),
+    )
+
+
+def throughput() -> dict[str, Any]:
+    r = "{{run}}"
+    part = template_regex(M.TIME_PHASE, [], part="total")
+    moves = template_regex(M.TIME_PHASE, [("part", "onload", "(onload|offload)")])
+    panels = [
+        panel(
+            "Tokens per second (system/tps)",
+            [(sel(M.SYSTEM_TPS), f"{r}")],
+            "none",
+            description="Collector-derived: tokens trained on / step wall time.",
+        ),
+        panel(
+            "Tokens per second (rate of system/tokens)",
+            [
+                (f"rate({name(M.SYSTEM_TOKENS)}{{{RUN}}}[$__rate_interval])", f"{r}"),
+            ],
+            "none",
+            description="Prometheus' rate over the cumulative token counter.",
+        ),
+        panel("Samples trained on", [(sel(M.SYSTEM_SAMPLES), f"{r}")], "none"),
+        panel("Step", [(f"rlpulse_run_step{{{RUN}}}", f"{r}")], "none"),
+        panel(
+            "Driver stages",
+            [
+                (sel(M.TIME_ROLLOUT), f"{r} rollout"),
+                (sel(M.TIME_REF_LOG_PROBS_VALUES_REWARD), f"{r} ref log-probs, values, reward"),
+                (sel(M.TIME_OLD_LOG_PROBS_VALUES), f"{r} old log-probs, values"),
+                (sel(M.TIME_ADV), f"{r} advantages"),
+            ],
+            "s",
+        ),
+        panel(
+            "Phase time (total), slowest rank",
+            [
+                (template_query(part, ["phase"]), f"{r} {{{{phase}}}}"),
+            ],
+            "s",
+            description="time/{cluster}/{phase}/total, max across ranks.",
+        ),
+        panel(
+            "Model state onload and offload",
+            [
+                (template_query(moves, ["phase", "part"]), f"{r} {{{{phase}}}} {{{{part}}}}"),
+            ],
+            "s",
+        ),
+    ]
+    return dashboard(
+        "rlpulse-throughput",
+        "rlpulse / Throughput and phase timings",
+        "Tokens per second, samples, driver stage and per-phase times.",
+        layout(panels),
+    )
+
+
+def memory() -> dict[str, Any]:
+    r = "{{run}}"
+    legend = f"{r} {{{{phase}}}} gpu{{{{device}}}}"
+
+    def gpu(title: str, when: str, state: str, stat: str, unit: str, description: str) -> dict:
+        q = template_query(gpu_regex(when, state, stat), ["phase", "device"])
+        return panel(title, [(q, legend)], unit, description=description)
+
+    cpu = template_regex(M.MEMORY_CPU, [("kind", "rss", "(rss|vms)")], when="end")
+    panels = [
+        gpu(
+            "GPU peak allocated during phase",
+            "end",
+            "onload",
+            "max_allocated",
+            "bytes",
+            "torch max_memory_allocated from the phase start, by worker group/phase and device.",
+        ),
+        gpu(
+            "GPU peak reserved during phase",
+            "end",
+            "onload",
+            "max_reserved",
+            "bytes",
+            "torch max_memory_reserved: what the caching allocator held.",
+        ),
+        gpu(
+            "GPU peak reserved, fraction of device",
+            "end",
+            "onload",
+            "max_reserved_frac",
+            "percentunit",
+            "Near 1: the phase is about to run out of device memory.",
+        ),
+        gpu(
+            "GPU allocated after offload",
+            "end",
+            "offload",
+            "allocated",
+            "bytes",
+            "What stays on the device once the phase offloaded its state.",
+        ),
+        panel(
+            "CPU memory at phase end",
+            [
+                (template_query(cpu, ["phase", "kind"]), f"{r} {{{{phase}}}} {{{{kind}}}}"),
+            ],
+            "bytes",
+            description="Worker process rss and vms (psutil), max across ranks.",
+        ),
+    ]
+    return dashboard(
+        "rlpulse-memory",
+        "rlpulse / Memory by phase and device",
+        "GPU and CPU memory at phase boundaries, per worker group, phase and device.",
+        layout(panels),
+    )
+
+
+def pipeline() -> dict[str, Any]:
+    rate = "[$__rate_interval]"
+    panels = [
+        panel("Collector up", [(f"up{{{JOB}}}", "{{instance}}")], "none", kind="stat"),
+        panel("Producers connected", [("rlpulse_collector_producers", "producers")], "none"),
+        panel(
+            "Messages and entries received per second",
+            [
+                (f"rate(rlpulse_collector_messages_received_total{rate})", "messages"),
+                (f"rate(rlpulse_collector_events_received_total{rate})", "entries"),
+            ],
+            "none",
+        ),
+        panel(
+            "Steps emitted per minute",
+            [
+                (f"60 * rate(rlpulse_collector_steps_emitted_total{rate})", "emitted"),
+                (f"60 * rate(rlpulse_collector_partial_steps_total{rate})", "partial"),
+            ],
+            "none",
+        ),
+        panel(
+            "Sink lag",
+            [("rlpulse_sink_lag_seconds", "{{sink}}")],
+            "s",
+            description="Age of the oldest step waiting in each sink's queue.",
+        ),
+        panel("Sink queue depth", [("rlpulse_sink_queue_depth", "{{sink}}")], "none"),
+        panel(
+            "Sink writes, errors and drops per minute",
+            [
+                (f"60 * rate(rlpulse_sink_written_total{rate})", "{{sink}} written"),
+                (f"60 * rate(rlpulse_sink_errors_total{rate})", "{{sink}} errors"),
+                (f"60 * rate(rlpulse_sink_dropped_total{rate})", "{{sink}} dropped"),
+            ],
+            "none",
+        ),
+        panel(
+            "Data lost or refused (increase over 5m)",
+            [
+                ("increase(rlpulse_collector_producer_dropped_total[5m])", "producer drops"),
+                ("increase(rlpulse_collector_late_entries_total[5m])", "late entries"),
+                (
+                    "sum by (reason) (increase(rlpulse_collector_malformed_total[5m]))",
+                    "malformed {{reason}}",
+                ),
+            ],
+            "none",
+        ),
+        panel(
+            "Ranks in the latest step",
+            [
+                (f"rlpulse_run_ranks{{{RUN}}}", "{{run}} ranks"),
+                (f"rlpulse_run_step_partial{{{RUN}}}", "{{run}} partial"),
+            ],
+            "none",
+        ),
+        panel(
+            "Collector process",
+            [
+                (f"rate(process_cpu_seconds_total{{{JOB}}}{rate})", "CPU seconds/s"),
+                (f"process_resident_memory_bytes{{{JOB}}} / 2^30", "rss GiB"),
+            ],
+            "none",
+        ),
+    ]
+    return dashboard(
+        "rlpulse-pipeline",
+        "rlpulse / Pipeline health",
+        "The collector's own health: producers, steps, sinks, drops.",
+        layout(panels),
+    )
+
+
+DASHBOARDS = {
+    "rlpulse-rl-overview.json": rl_overview,
+    "rlpulse-throughput.json": throughput,
+    "rlpulse-memory.json": memory,
+    "rlpulse-pipeline.json": pipeline,
+}
+
+
+def render(build: Any) -> str:
+    return json.dumps(build(), indent=2, sort_keys=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else HERE / "dashboards"
+    out.mkdir(parents=True, exist_ok=True)
+    for filename, build in DASHBOARDS.items():
+        (out / filename).write_text(render(build))
+        print(out / filename)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
