@@ -17,18 +17,11 @@ class RewardWorker(Worker):
         self, step: int, responses: Sequence[str], answers: Sequence[str]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per response: the score in [0, 1] and whether the answer is exactly right."""
-        # A rule-based verifier has no model state to move. Like ROLL's state-offload manager
-        # (which times load/offload even for a strategy without state), the phase still runs
-        # the load and unload hooks, here empty, so every phase reports the same four parts.
-        with self.producer.phase(
-            f"{self.role}/compute_rewards", step=step, onload=_no_state, offload=_no_state
-        ):
+        # A rule-based verifier has no model state to move, so this phase has no onload or
+        # offload to time (a reward *model* would pass its StateMover like the other roles).
+        with self.producer.phase(f"{self.role}/compute_rewards", step=step):
             scores = torch.tensor([score(r, a) for r, a in zip(responses, answers, strict=True)])
             correct = torch.tensor(
                 [is_correct(r, a) for r, a in zip(responses, answers, strict=True)]
             )
         return scores, correct
-
-
-def _no_state() -> None:
-    """The verifier's onload/offload: there is nothing to move."""
