@@ -18,16 +18,7 @@ from typing import Any, Literal, get_type_hints
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; ``field`` names it (``ppo.clip_low``)."""
-
-    def __init__(self, field: str, problem: str, value: Any = None) -> None:
-        got = "" if value is None else f" (got {value!r})"
-        super().__init__(f"{field}: {problem}{got}")
-        self.field = field
-        self.problem = problem
-        self.value = value
+from collector.errors import ConfigError  # one error type for every config file
 
 
 def _require(ok: bool, name: str, problem: str, value: Any) -> None:
