@@ -117,7 +117,10 @@ def garbage(address: str, seconds: float) -> dict[str, int]:
         b"\x00" * 8 + b"\x00\x00\x00\x00\x00\x00\xf8\x7f" + b"\x00" * 16,
     )
     kinds = {
-        "bad_msgpack": lambda: bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64))),
+        "bad_msgpack": lambda: (
+            b"\xc1"  # never valid in msgpack; random bytes can parse by chance
+            + bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 63)))
+        ),
         "bad_envelope": lambda: msgpack.packb([1, 2, {"a": 3}]),
         "bad_version": lambda: msgpack.packb({"v": 99, "t": "metrics", "p": 1, "q": 0, "e": []}),
         "bad_values": lambda: P.encode_metrics(1234, 0, [nan_entry]),
@@ -156,9 +159,7 @@ def test_garbage_on_the_live_socket_is_counted_and_honest_results_unchanged(tmp_
         assert_matches(record, expected([(r, k) for r, k, _ in layout], record["step"]))
     summary = log.read_text()
     counted = json.loads(re.search(r"malformed (\{.*?\})", summary).group(1))
-    for kind in ("bad_envelope", "bad_version", "bad_values", "oversized", "bad_frames"):
-        assert counted.get(kind, 0) == sent[kind], (kind, counted, sent)
-    assert counted.get("bad_msgpack", 0) > 0 and sum(counted.values()) == sum(sent.values())
+    assert counted == {kind: n for kind, n in sent.items() if n}, (counted, sent)
     assert "rejected a malformed message" in summary
 
 
