@@ -164,11 +164,3 @@ def reduce_value(value: Any) -> State | Pending:
     if torch is not None and isinstance(mask, torch.Tensor):
         mask = mask.detach().cpu().numpy()
     return _numpy(values, mask)
-
-
-def reduce_scalar(value: float) -> State:
-    """One sample (the fast path for plain numbers, run in the sender thread)."""
-    v = float(value)
-    if not math.isfinite(v):
-        return (0.0, 0.0, NAN, NAN, 1)
-    return (v, 1.0, v, v, 0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from producer import Fraction, Masked, Weighted
-from producer.reduce import InvalidValue, reduce_scalar, reduce_value
+from producer.reduce import InvalidValue, reduce_value
 
 
 def test_numpy_array_every_element_is_a_sample() -> None:
@@ -77,11 +77,6 @@ def test_weighted_and_fraction() -> None:
 def test_invalid_values_name_the_problem(bad, message: str) -> None:
     with pytest.raises(InvalidValue, match=message):
         reduce_value(bad)
-
-
-def test_scalar_fast_path() -> None:
-    assert reduce_scalar(2) == (2.0, 1.0, 2.0, 2.0, 0)
-    assert reduce_scalar(math.inf)[1:2] == (0.0,)
 
 
 @pytest.mark.gpu
