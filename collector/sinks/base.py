@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from collector.errors import ConfigError
 from schemas.catalog import Catalog
 from schemas.metrics import CATALOG
 from schemas.record import StepRecord
@@ -34,6 +35,15 @@ class SinkContext:
     catalog: Catalog = CATALOG
     health: Callable[[], Mapping[str, Any]] = _no_health
     environ: Mapping[str, str] = field(default_factory=dict)
+
+
+def reject_unknown(kwargs: Mapping[str, Any], allowed: tuple[str, ...], field: str) -> None:
+    """Fail at start-up on a tracker kwarg the sink does not take, naming it."""
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{field}.{unknown[0]}", f"unknown option; expected one of {', '.join(allowed)}"
+        )
 
 
 class Sink(Protocol):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from collector.errors import ConfigError
-from collector.sinks.base import SinkContext
+from collector.sinks.base import SinkContext, reject_unknown
 from schemas.record import StepRecord
 
 log = logging.getLogger("rlpulse.collector.jsonl")
@@ -40,9 +40,7 @@ class JsonlSink:
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> JsonlSink:
-        unknown = sorted(set(kwargs) - {"path"})
-        if unknown:
-            raise ConfigError(f"tracker_kwargs.jsonl.{unknown[0]}", "unknown key; jsonl takes path")
+        reject_unknown(kwargs, ("path",), "tracker_kwargs.jsonl")
         path = kwargs.get("path")
         if not isinstance(path, str) or not path:
             raise ConfigError(

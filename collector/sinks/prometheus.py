@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from collector.errors import ConfigError
 from collector.promnames import prom_metric
-from collector.sinks.base import SinkContext
+from collector.sinks.base import SinkContext, reject_unknown
 from schemas.record import StepRecord
 
 if TYPE_CHECKING:
@@ -198,11 +198,7 @@ class PrometheusSink:
                 "needs prometheus_client: pip install 'rlpulse[trackers]' "
                 "(or pip install prometheus_client)",
             )
-        unknown = sorted(set(kwargs) - set(_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{FIELD}.{unknown[0]}", f"unknown option; expected one of {', '.join(_KEYS)}"
-            )
+        reject_unknown(kwargs, _KEYS, FIELD)
         if "port" not in kwargs:
             raise ConfigError(f"{FIELD}.port", "is required (0 picks a free port)")
         port = kwargs["port"]

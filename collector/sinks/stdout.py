@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from collector.errors import ConfigError
-from collector.sinks.base import SinkContext
+from collector.sinks.base import SinkContext, reject_unknown
 from schemas.record import StepRecord
 
 
@@ -46,11 +46,7 @@ class StdoutSink:
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> StdoutSink:
-        unknown = sorted(set(kwargs) - {"max_per_line"})
-        if unknown:
-            raise ConfigError(
-                f"tracker_kwargs.stdout.{unknown[0]}", "unknown key; stdout takes max_per_line"
-            )
+        reject_unknown(kwargs, ("max_per_line",), "tracker_kwargs.stdout")
         per_line = kwargs.get("max_per_line", 6)
         if not isinstance(per_line, int) or per_line < 1:
             raise ConfigError(

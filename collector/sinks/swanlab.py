@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.errors import ConfigError
-from collector.sinks.base import SinkContext
+from collector.sinks.base import SinkContext, reject_unknown
 from schemas.record import StepRecord
 
 log = logging.getLogger(__name__)
@@ -92,11 +92,7 @@ class SwanLabSink:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> SwanLabSink:
         """Validate ``tracker_kwargs`` for swanlab; raise ConfigError naming the field."""
-        unknown = sorted(set(kwargs) - set(_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{FIELD}.{unknown[0]}", f"unknown option; expected one of {', '.join(_KEYS)}"
-            )
+        reject_unknown(kwargs, _KEYS, FIELD)
         for a, b in (("logdir", "log_dir"), ("experiment_name", "name")):
             if kwargs.get(a) is not None and kwargs.get(b) is not None:
                 raise ConfigError(f"{FIELD}.{b}", f"give {a} or {b}, not both")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from collector.errors import ConfigError
-from collector.sinks.base import SinkContext
+from collector.sinks.base import SinkContext, reject_unknown
 from schemas.record import StepRecord
 
 FIELD = "tracker_kwargs.tensorboard"
@@ -60,9 +60,7 @@ class TensorBoardSink:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> TensorBoardSink:
         """Validate ``tracker_kwargs`` for tensorboard (``log_dir``, required)."""
-        unknown = sorted(set(kwargs) - set(_KEYS))
-        if unknown:
-            raise ConfigError(f"{FIELD}.{unknown[0]}", "unknown option; expected log_dir")
+        reject_unknown(kwargs, _KEYS, FIELD)
         log_dir = kwargs.get("log_dir")
         if not isinstance(log_dir, str | os.PathLike) or not str(log_dir):
             raise ConfigError(f"{FIELD}.log_dir", "is required: a directory path", log_dir)

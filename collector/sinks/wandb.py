@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.errors import ConfigError
-from collector.sinks.base import SinkContext
+from collector.sinks.base import SinkContext, reject_unknown
 from schemas.record import StepRecord
 
 FIELD = "tracker_kwargs.wandb"
@@ -70,11 +70,7 @@ class WandbSink:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> WandbSink:
         """Validate ``tracker_kwargs`` for wandb; raise ConfigError naming the field."""
-        unknown = sorted(set(kwargs) - set(_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{FIELD}.{unknown[0]}", f"unknown option; expected one of {', '.join(_KEYS)}"
-            )
+        reject_unknown(kwargs, _KEYS, FIELD)
         init_kwargs: dict[str, Any] = {}
         for key in _STRINGS:
             value = kwargs.get(key)
