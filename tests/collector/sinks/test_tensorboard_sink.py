@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,11 +68,24 @@ def test_reopening_appends_a_new_event_file(tmp_path: Path) -> None:
     assert [e.step for e in _read(tmp_path / "r").Scalars("time/rollout")] == [0, 1, 2]
 
 
-def test_the_sink_does_not_import_torch(tmp_path: Path) -> None:
-    if "torch" in sys.modules:
-        pytest.skip("torch was imported by another test in this process")
-    _write(tmp_path, make_records("r", 1))
-    assert "torch" not in sys.modules
+def test_the_collector_with_a_tensorboard_sink_does_not_import_torch(tmp_path: Path) -> None:
+    # In a fresh interpreter: other tests in this process import torch themselves.
+    script = (
+        "import sys\n"
+        "from collector.daemon import Collector\n"
+        "from collector.config import CollectorConfig\n"
+        "from schemas.record import StepRecord\n"
+        f"c = CollectorConfig.from_mapping({{'bind': 'tcp://127.0.0.1:*', 'track_with': 'tensorboard', "
+        f"'tracker_kwargs': {{'log_dir': {str(tmp_path)!r}}}}})\n"
+        "col = Collector(c)\n"
+        "col.fanout.start(); col.fanout.put(StepRecord(run='r', step=0, metrics={'x': 1.0})); col.close()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "False"
+    assert [e.step for e in _read(tmp_path / "r").Scalars("x")] == [0]
 
 
 @pytest.mark.parametrize(
