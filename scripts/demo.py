@@ -17,6 +17,8 @@ import yaml
 
 from collector.launch import start_collector
 from collector.runtools.cli import main as run_tools
+from schemas import Stat
+from schemas import metrics as M
 from trainer.__main__ import main as trainer_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,11 +60,8 @@ def main() -> int:
     report = run_dir / "report.png"
     run_tools(["report", str(jsonl), "--out", str(report)])
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    val = [
-        (r["step"], r["metrics"]["val/score/mean"])
-        for r in records
-        if "val/score/mean" in r["metrics"]
-    ]
+    score = M.VAL_SCORE.output_names()[Stat.MEAN]
+    val = [(r["step"], r["metrics"][score]) for r in records if score in r["metrics"]]
     print("\nrlpulse demo finished.")
     print("  validation score: " + ", ".join(f"step {s}: {v:.3f}" for s, v in val))
     print(f"  every step, pooled across ranks:  {jsonl}")
