@@ -136,9 +136,22 @@ class Collector:
 
     def _secure(self, curve: Mapping[str, str]) -> None:
         """CurveZMQ: encrypt, and admit only clients whose public key is in ``clients_dir``."""
+        clients = Path(curve["clients_dir"])
+        secrets = sorted(p.name for p in clients.glob("*.key_secret"))
+        if secrets:
+            log.warning(
+                "curve.clients_dir %s holds secret keys (%s): it needs only the workers' public "
+                "*.key files; keep secret keys on the workers",
+                clients,
+                ", ".join(secrets),
+            )
+        if not any(clients.glob("*.key")):
+            log.warning(
+                "curve.clients_dir %s holds no public key (*.key): every client is refused", clients
+            )
         self._auth = ThreadAuthenticator(self._zmq)
         self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(curve["clients_dir"]))
+        self._auth.configure_curve(domain="*", location=str(clients))
         public, secret = zmq.auth.load_certificate(str(curve["server_cert"]))
         if secret is None:
             from collector.errors import ConfigError
@@ -266,6 +279,12 @@ class Collector:
             self.durable.commit()
             self.fanout.notify()
         self._send_acks()
+        self.health.unapplied += self.delivery.unapplied()
+        if self.health.unapplied:
+            log.warning(
+                "%d log() entries from producers that never registered were not applied",
+                self.health.unapplied,
+            )
         abandoned = self.fanout.close()
         if self.durable is not None:
             self.durable.maybe_checkpoint(
@@ -282,7 +301,8 @@ class Collector:
         h = self.health
         log.info(
             "rlpulse collector stopped: %d messages, %d steps emitted (%d partial), %d late, "
-            "%d malformed %s, %d duplicates, %d handshake failures, producers dropped %d%s",
+            "%d malformed %s, %d duplicates, %d handshake failures, producers dropped %d, "
+            "%d entries never applied (no registration)%s",
             h.messages_received,
             h.steps_emitted,
             h.partial_steps,
@@ -292,6 +312,7 @@ class Collector:
             h.duplicates,
             h.handshake_failed,
             h.producer_dropped(),
+            h.unapplied,
             f"; abandoned sinks: {', '.join(abandoned)}" if abandoned else "",
         )
 

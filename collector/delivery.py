@@ -7,7 +7,8 @@ message lost in a broken connection before later ones arrived) is dropped unackn
 the producer's resend fills it in order. A producer's ``hello`` says where its numbering
 starts (its oldest unacknowledged message), so a collector without saved state picks up any
 producer mid-stream. Messages from a producer not registered yet are held, bounded, until its
-hello arrives.
+hello arrives. Every hello is acknowledged (with the producer's last applied number), so a
+producer knows it is registered and stops repeating its hello.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Delivery:
         pid = msg.producer
         if isinstance(msg, protocol.Hello):
             self.identity[pid] = identity
+            self._to_ack.add(pid)
             out = [(msg, raw)]
             if pid not in self.last_seq:
                 self.last_seq[pid] = msg.seq - 1
@@ -84,6 +86,16 @@ class Delivery:
         self.last_seq[pid] = msg.seq
         self._to_ack.add(pid)
         return [(msg, raw)]
+
+    def unapplied(self) -> int:
+        """``log()`` entries held for producers that never registered: at shutdown they are
+        lost, and the daemon counts them."""
+        return sum(
+            len(m.entries)
+            for held in self._held.values()
+            for m, _ in held
+            if isinstance(m, protocol.Metrics)
+        )
 
     def note_replayed(self, msg: protocol.Message) -> None:
         """Recovery: a message read back from the write-ahead log was applied once already."""

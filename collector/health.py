@@ -35,6 +35,8 @@ class Health:
         self.derived_logged = 0
         self.names_overflow = 0
         self.world_size_conflict = 0
+        self.unapplied = 0
+        """Entries held for a producer that never registered, lost at shutdown."""
         self.producers = 0
         self.producer_stats: dict[int, Mapping[str, int]] = {}
         self.sinks: Callable[[], Mapping[str, Mapping[str, float]]] = dict
@@ -63,6 +65,7 @@ class Health:
             "derived_logged": self.derived_logged,
             "names_overflow": self.names_overflow,
             "world_size_conflict": self.world_size_conflict,
+            "unapplied": self.unapplied,
             "producers": self.producers,
             "producer_dropped": self.producer_dropped(),
             "sinks": {k: dict(v) for k, v in self.sinks().items()},

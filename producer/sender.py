@@ -45,6 +45,8 @@ INVALID = object()
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
 """Heartbeats between re-registrations, so a restarted collector learns who we are."""
+HELLO_RETRY_S = 0.2
+"""Until the collector acknowledges our hello, it is sent again this often."""
 POLL_S = 0.1
 """Longest sleep of the sender: acknowledgements and the connection are checked this often."""
 COALESCE_S = 0.002
@@ -147,6 +149,10 @@ class Sender(threading.Thread):
         self._connected = False
         self._ever_connected = False
         self._refused = False
+        self._hello_sent_at: float | None = None
+        """When the hello last went out on the current connection (None: not yet)."""
+        self._registered = False
+        """The collector has answered a hello on the current connection."""
         self._socket.connect(address)
         self._context = context
 
@@ -176,6 +182,9 @@ class Sender(threading.Thread):
             self._connected = event == zmq.EVENT_CONNECTED
             self._refused = False
             self._ever_connected |= self._connected
+            if self._connected != was:
+                self._hello_sent_at = None
+                self._registered = False
             if self._connected and not was:
                 self._hello()
                 self._resend_all()
@@ -193,9 +202,12 @@ class Sender(threading.Thread):
         return True
 
     def _hello(self) -> None:
+        """Send the registration. Right after a TCP connection is up, ZeroMQ may still be
+        handshaking and refuse the send: nothing else goes out until a hello has, and it is
+        repeated until the collector answers (see ``_register``)."""
         ident = self.identity
         base = self._unacked[0].seq if self._unacked else self._next_seq
-        self._send_raw(
+        sent = self._send_raw(
             protocol.encode_hello(
                 self.producer_id,
                 base,
@@ -206,6 +218,17 @@ class Sender(threading.Thread):
                 expected=ident["expected"],
             )
         )
+        if sent:
+            self._hello_sent_at = time.monotonic()
+
+    def _register(self) -> None:
+        """Send the hello again if it has not gone out on this connection, or if the
+        collector has not answered it within ``HELLO_RETRY_S``."""
+        if not self._connected or self._registered:
+            return
+        sent_at = self._hello_sent_at
+        if sent_at is None or time.monotonic() - sent_at >= HELLO_RETRY_S:
+            self._hello()
 
     # ------------------------------------------------------------------ reliable delivery
 
@@ -226,9 +249,10 @@ class Sender(threading.Thread):
 
     def _pump(self) -> None:
         """Send unsent messages in order until ZeroMQ refuses one (full). Nothing goes out
-        before the connection is seen, so the hello always comes first."""
+        before the hello has on this connection, so the collector always learns who we are
+        before it sees our data."""
         unsent = self._unsent
-        while unsent and self._connected:
+        while unsent and self._connected and self._hello_sent_at is not None:
             if not self._send_raw(unsent[0].payload):
                 return
             unsent.popleft()
@@ -251,7 +275,10 @@ class Sender(threading.Thread):
                 self.counters.errors += 1
                 self.warn_once("bad-ack", f"unreadable reply from the collector: {exc}")
                 continue
-            if isinstance(msg, protocol.Ack) and msg.seq > self._acked:
+            if not isinstance(msg, protocol.Ack):
+                continue
+            self._registered = True  # every ack, a hello's answer included, says it knows us
+            if msg.seq > self._acked:
                 self._acked = msg.seq
                 self._progress_at = time.monotonic()
         unacked = self._unacked
@@ -376,6 +403,7 @@ class Sender(threading.Thread):
     def _cycle(self) -> None:
         self._watch_connection()
         self._read_acks()
+        self._register()
         self._drain()
         self._check_stall()
         self._pump()

@@ -103,6 +103,11 @@ _HEALTH: dict[str, tuple[str, str, str]] = {
         "Metric names dropped because a run reached its distinct-name limit.",
         "counter",
     ),
+    "unapplied": (
+        "rlpulse_collector_unapplied_entries_total",
+        "Entries from producers whose registration never arrived, lost at shutdown.",
+        "counter",
+    ),
     "kind_mismatch": (
         "rlpulse_collector_kind_mismatch_total",
         "Entries whose declared reduction disagreed with the catalog (the catalog won).",

@@ -57,3 +57,23 @@ def test_replay_and_snapshot_restore_the_sequence_state() -> None:
     e = Delivery()
     e.restore(d.snapshot())
     assert seqs(e.accept(done(3, 11), b"id")) == [] and seqs(e.accept(done(3, 12), b"id")) == [12]
+
+
+def test_every_hello_is_acknowledged_so_the_producer_stops_repeating_it() -> None:
+    d = Delivery()
+    d.accept(P.Hello(5, 4, "r", "a", 0, 1, "h", 1), b"id")
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(5, 3)]  # registered; nothing applied
+    d.accept(done(5, 4), b"id")
+    d.acks()
+    d.accept(P.Hello(5, 5, "r", "a", 0, 1, "h", 1), b"id2")  # a re-registration, new connection
+    assert d.acks() == [(b"id2", P.encode_ack(5, 4))]
+
+
+def test_entries_of_a_producer_that_never_registered_are_counted_as_unapplied() -> None:
+    d = Delivery()
+    two = P.Metrics(9, 1, metrics(9, 1, {"x": 1.0}).entries * 2)
+    d.accept(two, b"id")
+    d.accept(done(9, 2), b"id")
+    assert d.unapplied() == 2 and d.acks() == []
+    d.accept(hello(9), b"id")
+    assert d.unapplied() == 0

@@ -33,6 +33,11 @@ class Inbox:
                 continue
             ident, payload = self.sock.recv_multipart()
             msg = protocol.decode(payload)
+            if isinstance(msg, protocol.Hello) and self.acking:
+                # As the collector does: a hello is answered with the last number applied.
+                self.sock.send_multipart(
+                    [ident, protocol.encode_ack(msg.producer, max(self.seen, default=msg.seq - 1))]
+                )
             if isinstance(msg, protocol.RELIABLE):
                 if not self.acking:
                     self.messages.append(msg)

@@ -129,6 +129,26 @@ def test_unacknowledged_messages_are_resent_and_acks_release_them(inbox) -> None
     p.close()
 
 
+def test_hello_is_repeated_until_the_collector_answers_it(inbox) -> None:
+    """A hello ZeroMQ refused right after connecting, or one that went unanswered, is sent
+    again within ``HELLO_RETRY_S``, not after five heartbeats; once answered it stops."""
+    inbox.acking = False  # as a collector that has not seen the hello: no answer at all
+    p = Producer(inbox.address, run="r", role="a", heartbeat_s=10.0)
+    p.log({"x": 1.0}, step=0)
+
+    def hellos(msgs: list) -> int:
+        return sum(isinstance(m, protocol.Hello) for m in msgs)
+
+    msgs = inbox.receive(timeout_s=5, until=lambda m: hellos(m) >= 3)
+    assert hellos(msgs) >= 3
+    assert isinstance(msgs[0], protocol.Hello), "data went out before the hello"
+    inbox.acking = True
+    answered = hellos(inbox.receive(timeout_s=5, until=lambda m: hellos(m) > hellos(msgs)))
+    time.sleep(0.6)  # three retry periods: no more hellos once one was answered
+    assert hellos(inbox.receive(timeout_s=0)) == answered
+    p.close()
+
+
 def test_log_never_raises_even_from_many_threads(inbox) -> None:
     p = Producer(inbox.address, run="r", role="a")
     errors = []
