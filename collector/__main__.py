@@ -1,5 +1,14 @@
-"""``python -m collector --config FILE [--bind ADDRESS]``: run the rlpulse collector.
-``python -m collector keygen DIR NAME``: make a CurveZMQ key pair."""
+"""The rlpulse collector and its tools.
+
+commands:
+  python -m collector --config FILE [--bind ADDRESS]   run the collector daemon
+  python -m collector report RUN.jsonl [...]           a PNG of one run's main curves
+  python -m collector compare A.jsonl B.jsonl [...]    a table comparing runs side by side
+  python -m collector keygen DIR NAME [--force]        make a CurveZMQ key pair
+
+``report``, ``compare`` and ``keygen`` take ``--help`` of their own. A bad configuration exits
+with status 2 and a message naming the field.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +21,50 @@ from collector.config import CollectorConfig
 from collector.daemon import Collector, write_ready_file
 from collector.errors import ConfigError
 
+PROG = "python -m collector"
+
 
 def keygen(argv: list[str]) -> int:
     """``python -m collector keygen DIR NAME``: a CurveZMQ key pair for the collector or a
-    worker (``NAME.key`` is public: copy it to the other side; ``NAME.key_secret`` is not)."""
+    worker (``NAME.key`` is public: copy it to the other side; ``NAME.key_secret`` is not).
+    Existing keys are never replaced unless ``--force`` is given."""
     import zmq.auth
 
-    parser = argparse.ArgumentParser(prog="rlpulse-collector keygen", description=keygen.__doc__)
+    parser = argparse.ArgumentParser(prog=f"{PROG} keygen", description=keygen.__doc__)
     parser.add_argument("directory")
     parser.add_argument("name")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing key pair of that name"
+    )
     args = parser.parse_args(argv)
-    Path(args.directory).mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(args.directory, args.name)
+    directory = Path(args.directory)
+    existing = [
+        p
+        for p in (directory / f"{args.name}.key", directory / f"{args.name}.key_secret")
+        if p.exists()
+    ]
+    if existing and not args.force:
+        print(
+            f"{PROG} keygen: {', '.join(map(str, existing))} already exists; refusing to "
+            "overwrite a key pair that clients or the collector may be using "
+            "(pass --force to replace it)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"{PROG} keygen: cannot create {directory}: {exc.strerror}", file=sys.stderr)
+        return 2
+    public, secret = zmq.auth.create_certificates(str(directory), args.name)
     Path(secret).chmod(0o600)
     print(f"public key: {public}\nsecret key: {secret} (keep it private)")
     return 0
+
+
+def _config_error(exc: ConfigError) -> int:
+    print(f"rlpulse-collector: configuration error: {exc}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         from collector.runtools.cli import main as run_tools
 
         return run_tools(argv)
-    parser = argparse.ArgumentParser(prog="rlpulse-collector", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", help="YAML config (bind, track_with, tracker_kwargs, ...)")
     parser.add_argument("--bind", help="ZeroMQ endpoint to listen on, overriding the config")
     parser.add_argument("--ready-file", help="write the bound address here once listening")
@@ -48,18 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             config = CollectorConfig.from_mapping({"bind": args.bind} if args.bind else {})
     except ConfigError as exc:
-        print(f"rlpulse-collector: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     try:
+        # Some problems show only when a port is bound or a file opened (a port in use, a
+        # certificate that does not load): those raise ConfigError here, naming the field.
         collector = Collector(config)
     except ConfigError as exc:
-        print(f"rlpulse-collector: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     collector.install_signal_handlers()
     if args.ready_file:
         write_ready_file(args.ready_file, collector.address)

@@ -19,6 +19,7 @@ Unknown keys and bad values raise :class:`ConfigError` naming the field.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -30,6 +31,7 @@ from collector.errors import ConfigError
 from collector.sinks import SINKS
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,13 @@ class CollectorConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bind, str) or "://" not in self.bind:
+        _check_bind(self.bind)
+        if not self.trackers:
             raise ConfigError(
-                "bind", "must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555", self.bind
+                "track_with",
+                "is empty: with no tracker the collector would discard every step it receives; "
+                "name at least one (e.g. [stdout])",
+                [],
             )
         if (
             not isinstance(self.settle_s, (int, float))
@@ -115,18 +121,22 @@ class CollectorConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, "must be a positive integer", value)
-        if not isinstance(self.sink_retries, int) or self.sink_retries < 0:
-            raise ConfigError("sink_retries", "must be a non-negative integer", self.sink_retries)
-        if self.state_dir is not None and (
-            not isinstance(self.state_dir, str) or not self.state_dir
+        if (
+            not isinstance(self.sink_retries, int)
+            or isinstance(self.sink_retries, bool)
+            or self.sink_retries < 0
         ):
-            raise ConfigError("state_dir", "must be a directory path", self.state_dir)
+            raise ConfigError("sink_retries", "must be a non-negative integer", self.sink_retries)
+        if self.state_dir is not None:
+            _check_state_dir(self.state_dir)
         if not isinstance(self.fsync, bool):
             raise ConfigError("fsync", "must be true or false", self.fsync)
         if self.curve is not None:
             _check_curve(self.curve)
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ConfigError("log_level", "must be DEBUG, INFO, WARNING or ERROR", self.log_level)
+        if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(
+                "log_level", f"must be one of {', '.join(LOG_LEVELS)}", self.log_level
+            )
         for name, kwargs in self.trackers.items():
             if name not in SINKS:
                 raise ConfigError(
@@ -208,3 +218,39 @@ def _check_curve(curve: object) -> None:
             "is not a folder of allowed client public keys (*.key)",
             str(clients),
         )
+
+
+def _check_bind(bind: object) -> None:
+    """A ZeroMQ endpoint; for ``tcp://`` a port in 0-65535 or ``*`` (libzmq would silently
+    take a larger port modulo 65536, and a negative one as well)."""
+    if not isinstance(bind, str) or "://" not in bind:
+        raise ConfigError("bind", f"must be a ZeroMQ endpoint such as {DEFAULT_BIND}", bind)
+    transport, _, address = bind.partition("://")
+    if transport != "tcp":
+        return
+    host, colon, port = address.rpartition(":")
+    if not colon or not host:
+        raise ConfigError(
+            "bind", f"a tcp endpoint needs a host and a port, as in {DEFAULT_BIND}", bind
+        )
+    if port != "*" and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ConfigError("bind", "port must be from 0 to 65535, or * for any free port", bind)
+
+
+def _check_state_dir(state_dir: object) -> None:
+    """A directory, or a path where one can be created (the daemon creates it at start-up)."""
+    if not isinstance(state_dir, str) or not state_dir:
+        raise ConfigError("state_dir", "must be a directory path", state_dir)
+    path = Path(state_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError("state_dir", "is a file, not a directory", state_dir)
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not path.exists() and not ancestor.is_dir():
+        raise ConfigError(
+            "state_dir", f"cannot be created: {ancestor} is a file, not a directory", state_dir
+        )
+    target = path if path.exists() else ancestor
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ConfigError("state_dir", f"is not writable ({target})", state_dir)

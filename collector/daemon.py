@@ -128,7 +128,14 @@ class Collector:
         self._monitor = None
         if config.curve is not None:
             self._secure(config.curve)
-        self._socket.bind(config.bind)
+        try:
+            self._socket.bind(config.bind)
+        except zmq.ZMQError as exc:  # in use, not an address of this machine, bad transport
+            from collector.errors import ConfigError
+
+            raise ConfigError(
+                "bind", f"cannot listen there: {zmq.strerror(exc.errno)}", config.bind
+            ) from None
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._stop = threading.Event()
         self._ratelog = RateLimitedLog(log)

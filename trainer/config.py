@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -384,11 +385,46 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value, f"{prefix}{key}.")
         else:
+            problem = _type_problem(hint, value)
+            if problem is not None:  # before __post_init__ compares a string with a number
+                raise ConfigError(prefix + key, problem, value)
             kwargs[key] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise ConfigError(prefix.rstrip(".") or "config", str(exc)) from exc
+
+
+_TYPE_WORDS: dict[type, str] = {int: "an integer (int)", float: "a number (float)", str: "a string"}
+
+
+def _type_problem(hint: Any, value: Any) -> str | None:
+    """What is wrong with ``value`` for a field annotated ``hint``, in words; None when it
+    fits. Annotations other than these plain ones are left to the dataclass to check."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return None if value in args else f"must be one of {', '.join(map(str, args))}"
+    if origin is Union or origin is UnionType:  # X | None
+        options = [a for a in args if a is not type(None)]
+        if value is None and len(options) < len(args):
+            return None
+        problems = [_type_problem(a, value) for a in options]
+        if None in problems:
+            return None
+        return f"{problems[0]}{' or null' if len(options) < len(args) else ''}"
+    if hint is bool:
+        return None if isinstance(value, bool) else "must be true or false (a bool)"
+    if isinstance(value, bool) and hint in (int, float):
+        return f"must be {_TYPE_WORDS[hint]}, not true/false"
+    if hint is int:
+        return None if isinstance(value, int) else f"must be {_TYPE_WORDS[int]}"
+    if hint is float:
+        return None if isinstance(value, int | float) else f"must be {_TYPE_WORDS[float]}"
+    if hint is str:
+        return None if isinstance(value, str) else f"must be {_TYPE_WORDS[str]}"
+    if (origin or hint) is Mapping:
+        return None if isinstance(value, Mapping) else "must be a mapping"
+    return None
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -407,15 +443,26 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
     whose values are parsed as YAML (``ppo.value_clip=null``, ``cluster.offload=false``)."""
     tree: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
-            raise ConfigError(str(path), "must hold a YAML mapping", type(loaded).__name__)
+            raise ConfigError("--config", f"{path} must hold a YAML mapping", type(loaded).__name__)
         tree = loaded
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(item, "an override is KEY=VALUE, e.g. ppo.clip_high=0.3")
-        _set_path(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(key.strip(), f"the value {raw!r} is not valid YAML: {exc}") from None
+        _set_path(tree, key.strip(), value)
     return _build(TrainerConfig, tree, "")
 
 

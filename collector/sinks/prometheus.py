@@ -19,7 +19,9 @@ True
 
 from __future__ import annotations
 
+import errno
 import logging
+import ssl
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -222,6 +224,8 @@ class PrometheusSink:
         for key, path in tls.items():
             if path is not None and (not isinstance(path, str) or not Path(path).is_file()):
                 raise ConfigError(f"{FIELD}.{key}", "is not a readable file", path)
+        if tls["certfile"] is not None and tls["keyfile"] is not None:
+            _check_tls(tls["certfile"], tls["keyfile"])
         return cls(ctx, port=port, host=host, max_runs=max_runs, **tls)
 
     @property
@@ -232,16 +236,29 @@ class PrometheusSink:
         return self._host, self._port
 
     def open(self) -> None:
-        """Start serving (idempotent); an address in use or not local raises OSError."""
+        """Start serving (idempotent). An address that cannot be listened on (in use, not an
+        address of this machine) raises ConfigError naming ``port`` or ``host``."""
         if self._server is not None:
             return
-        self._server, self._thread = start_http_server(
-            self._port,
-            addr=self._host,
-            registry=self.registry,
-            certfile=self._certfile,
-            keyfile=self._keyfile,
-        )
+        try:
+            self._server, self._thread = start_http_server(
+                self._port,
+                addr=self._host,
+                registry=self.registry,
+                certfile=self._certfile,
+                keyfile=self._keyfile,
+            )
+        except OSError as exc:
+            where = f"{self._host}:{self._port}"
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"{FIELD}.port",
+                    f"cannot listen on {where}: the port is already in use",
+                    self._port,
+                ) from None
+            raise ConfigError(
+                f"{FIELD}.host", f"cannot listen on {where}: {exc.strerror or exc}", self._host
+            ) from None
 
     def write(self, record: StepRecord) -> None:
         """Keep the step's values for the next scrape; never touches the network."""
@@ -371,6 +388,27 @@ class _StepCollector:
 
     def describe(self) -> Iterable[Metric]:
         return []  # names depend on what producers log; nothing to check at registration
+
+
+def _check_tls(certfile: str, keyfile: str) -> None:
+    """Load the pair as the server will, so a wrong file fails at start-up naming the field."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as exc:
+        try:  # the usual mistake, worth saying so
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(keyfile, certfile)
+        except ssl.SSLError:
+            raise ConfigError(
+                f"{FIELD}.certfile",
+                f"cannot load the certificate {certfile!r} with the private key {keyfile!r} "
+                f"({exc.reason or exc}): certfile must hold the PEM certificate and keyfile "
+                "its private key",
+            ) from None
+        raise ConfigError(
+            f"{FIELD}.certfile",
+            f"certfile and keyfile are swapped: {certfile!r} holds the private key and "
+            f"{keyfile!r} the certificate",
+        ) from None
 
 
 def _number(value: Any) -> float | None:
