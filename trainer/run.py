@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from trainer.config import TrainerConfig
+from collector.runtools.compare import RUN_CONFIG
+from trainer.config import TrainerConfig, to_dict
 from trainer.driver import Driver, RunResult
 from trainer.model import build_policy
 from trainer.sft import warm_start
@@ -41,6 +43,26 @@ def collector_config(cfg: TrainerConfig) -> dict[str, Any]:
     return raw
 
 
+def save_config(cfg: TrainerConfig) -> Path:
+    """Write the resolved configuration (the file with every ``--set`` applied) to the run
+    directory as YAML, beside the default ``metrics.jsonl``, where ``python -m collector
+    compare`` reads it; ``load_config`` reads it back to the same configuration."""
+    path = cfg.run_dir / RUN_CONFIG
+    path.write_text(yaml.safe_dump(_plain(to_dict(cfg)), sort_keys=False))
+    return path
+
+
+def _plain(value: Any) -> Any:
+    """Configuration values as YAML's plain types (tuples and mappings included)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
 def initial_weights(cfg: TrainerConfig, task: Task) -> dict[str, torch.Tensor]:
     """Random init from the seed, then the SFT warm-start: every worker starts from these."""
     tokenizer = build_tokenizer()
@@ -65,6 +87,7 @@ def train(cfg: TrainerConfig) -> RunResult:
     from trainer.cluster import close_workers, create_workers, init_ray
 
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("configuration saved to %s", save_config(cfg))
     torch.set_num_threads(cfg.cluster.torch_threads)
     torch.manual_seed(cfg.seed)
     collector = None

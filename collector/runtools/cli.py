@@ -4,13 +4,14 @@
 
     python -m collector report RUN.jsonl [--run NAME] [--out report.png]
     python -m collector compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
-                                [--key ppo.lr --key ppo.batch_size] [--format markdown|text]
+                                [--key ppo.actor_lr --key ppo.batch_size] [--format markdown|text]
                                 [--score NAME] [--kl NAME] [--out table.md]
 
 ``compare`` shows every run of every file given, one row each. ``--config`` gives each file's
 run configuration (YAML, e.g. the trainer's ``--config`` file), once per file and in the same
 order; without it, a ``config.yaml`` next to a jsonl file is used when there is one. ``--key``
-names a value in those configs by its dotted path (``ppo.lr``); it becomes a column.
+names a value in those configs by its dotted path (``ppo.actor_lr``); it becomes a column, and
+a key that no run's configuration has is warned about on stderr (the table is still printed).
 
 >>> main(["compare", "--help"])  # doctest: +SKIP
 """
@@ -24,11 +25,15 @@ from typing import Any, TextIO
 
 import yaml
 
-from collector.runtools.compare import CompareError, render, table
+from collector.runtools.compare import (
+    RUN_CONFIG,
+    CompareError,
+    missing_key_warnings,
+    render,
+    table,
+)
 from collector.runtools.report import ReportError, draw_report
 from collector.runtools.runs import Run, RunFileError, load_run, load_runs
-
-CONFIG_NEXT_TO_RUN = "config.yaml"
 
 
 def _report(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -60,7 +65,7 @@ def _load_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _compare(args: argparse.Namespace, stdout: TextIO) -> int:
+def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     files = [Path(p) for p in args.jsonl]
     if args.config and len(args.config) != len(files):
         raise CompareError(
@@ -73,8 +78,8 @@ def _compare(args: argparse.Namespace, stdout: TextIO) -> int:
     for index, path in enumerate(files):
         if args.config:
             config: dict[str, Any] | None = _load_config(Path(args.config[index]))
-        elif (path.parent / CONFIG_NEXT_TO_RUN).is_file():
-            config = _load_config(path.parent / CONFIG_NEXT_TO_RUN)
+        elif (path.parent / RUN_CONFIG).is_file():
+            config = _load_config(path.parent / RUN_CONFIG)
         else:
             config = None
         for run in load_runs(path).values():
@@ -85,6 +90,8 @@ def _compare(args: argparse.Namespace, stdout: TextIO) -> int:
     for i, run in enumerate(runs):
         if names.count(run.name) > 1:  # the same run name in two files: say which file
             labels[i] = f"{run.name} ({run.source})"
+    for warning in missing_key_warnings(configs, args.key):
+        print(f"rlpulse compare: warning: {warning}", file=stderr)
     text = render(
         table(runs, labels, configs=configs, keys=args.key, score=args.score, kl=args.kl),
         args.format,
@@ -118,7 +125,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DOTTED.KEY",
-        help="a configuration value to show, e.g. ppo.lr (repeatable)",
+        help="a configuration value to show, e.g. ppo.actor_lr (repeatable)",
     )
     cmp_.add_argument("--format", choices=("markdown", "text"), default="markdown")
     cmp_.add_argument(
@@ -137,7 +144,7 @@ def main(argv: list[str], stdout: TextIO | None = None, stderr: TextIO | None = 
     try:
         if args.command == "report":
             return _report(args, stdout)
-        return _compare(args, stdout)
+        return _compare(args, stdout, stderr)
     except (RunFileError, CompareError, ReportError) as exc:
         print(f"rlpulse {args.command}: {exc}", file=stderr)
         return 2

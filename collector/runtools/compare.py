@@ -16,6 +16,7 @@ a    2      0.5                      0.5 (1)                        -           
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,9 @@ REF_KL = M.ACTOR_REF_KL.name
 KL_LOSS = M.ACTOR_KL_LOSS.name
 TPS = M.SYSTEM_TPS.name
 MISSING = "-"
+RUN_CONFIG = "config.yaml"
+"""A run's configuration beside its jsonl file, read when no ``--config`` is given (the trainer
+writes its resolved configuration under this name in the run directory)."""
 
 
 class CompareError(ValueError):
@@ -86,6 +90,60 @@ def config_value(config: Mapping[str, Any] | None, dotted: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def config_has(config: Mapping[str, Any] | None, dotted: str) -> bool:
+    """Whether ``config`` has the dotted key at all (its value may be null)."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def config_keys(config: Mapping[str, Any] | None, prefix: str = "") -> list[str]:
+    """Every dotted key of ``config`` that holds a value (not a section).
+
+    >>> config_keys({"ppo": {"actor_lr": 1e-6, "epochs": 2}, "seed": 0})
+    ['ppo.actor_lr', 'ppo.epochs', 'seed']
+    """
+    keys: list[str] = []
+    for key, value in (config or {}).items():
+        if isinstance(value, Mapping) and value:
+            keys += config_keys(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def missing_key_warnings(
+    configs: Sequence[Mapping[str, Any] | None], keys: Sequence[str]
+) -> list[str]:
+    """A warning for each ``--key`` that no run's configuration has (its column is all
+    ``-``), with the nearest keys the configurations do have.
+
+    >>> missing_key_warnings([{"ppo": {"actor_lr": 1e-6}}], ["ppo.lr", "ppo.actor_lr"])
+    ["--key ppo.lr is in no run's configuration (its column shows -); did you mean ppo.actor_lr?"]
+    """
+    if not keys:
+        return []
+    if all(c is None for c in configs):
+        return [
+            f"--key {', '.join(keys)}: no run has a configuration (give --config per jsonl file, "
+            f"or put {RUN_CONFIG} beside it, as the trainer does)"
+        ]
+    known = sorted({k for c in configs for k in config_keys(c)})
+    warnings = []
+    for key in keys:
+        if any(config_has(c, key) for c in configs):
+            continue
+        leaf = key.rsplit(".", 1)[-1]
+        near = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+        near += [k for k in known if k.rsplit(".", 1)[-1].endswith(leaf) and k not in near][:3]
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        warnings.append(f"--key {key} is in no run's configuration (its column shows -){hint}")
+    return warnings
 
 
 def fmt(value: Any) -> str:
