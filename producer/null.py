@@ -4,19 +4,51 @@ training's own work, not measurement."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
+from producer.client import Producer
 from schemas.protocol import STAT_KEYS
+
+_P = ParamSpec("_P")
+
+
+def _takes_arguments_of(
+    original: Callable[Concatenate[Any, _P], None],
+) -> Callable[[Callable[[Any], None]], Callable[Concatenate[Any, _P], None]]:
+    """Give an ``__init__`` that needs nothing the parameters of ``original``: to a type
+    checker, the very same signature; at run time, arguments bound against it, so a name
+    ``original`` does not take fails with the same TypeError. Every argument may be left out
+    (``bind_partial``), as nothing is done with them."""
+
+    def decorate(init: Callable[[Any], None]) -> Callable[Concatenate[Any, _P], None]:
+        signature = inspect.signature(original)
+
+        @functools.wraps(init)
+        def checked(self: Any, *args: _P.args, **kwargs: _P.kwargs) -> None:
+            signature.bind_partial(self, *args, **kwargs)
+            init(self)
+
+        checked.__signature__ = signature  # type: ignore[attr-defined]  # help() and inspect
+        return checked
+
+    return decorate
 
 
 class NullProducer:
-    """Accepts every Producer call and sends nothing.
+    """Accepts every Producer call, and Producer's constructor arguments, and sends nothing:
+    ``NullProducer(address, run=..., role=..., rank=...)`` swaps in for ``Producer`` as is.
 
-    >>> p = NullProducer()
+    >>> p = NullProducer("tcp://127.0.0.1:5555", run="r1", role="actor_train", world_size=2)
     >>> p.log({"actor/pg_loss": 0.1}, step=0); p.close()
     """
+
+    @_takes_arguments_of(Producer.__init__)
+    def __init__(self) -> None:
+        pass
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         pass

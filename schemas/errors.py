@@ -4,12 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+REJECT_REASONS: tuple[str, ...] = (
+    "oversized",  # larger than the collector's max_message_bytes
+    "bad_msgpack",  # not a msgpack document, or one with an extension type
+    "bad_version",  # a protocol version this collector does not speak
+    "bad_envelope",  # not a map, an unknown message type, a bad entry list
+    "bad_field",  # an envelope field of the wrong type or out of range
+    "bad_entry",  # an entry that is not [step, time, names, kinds, values, nonfinite]
+    "bad_step",  # a negative or non-integer step
+    "bad_names",  # names not a list of strings within the limits, or a name twice
+    "bad_kinds",  # reduction codes that do not match the names
+    "bad_values",  # value rows of the wrong size or impossible (negative weight, min > max)
+    "bad_frames",  # a ZeroMQ message of more than one frame (the collector's receiver)
+)
+"""Every reason a message is rejected for: the ``reason`` of each :class:`SchemaError` the wire
+protocol raises, and ``bad_frames``. The collector counts rejects by these
+(``rlpulse_collector_malformed_total{reason}``, every one exported from start-up)."""
+
 
 class SchemaError(ValueError):
     """A message, value or name that does not follow the catalog or the wire protocol.
 
-    ``reason`` is a short stable token (``"bad_version"``, ``"bad_values"``...) that the
-    collector counts rejects by; ``detail`` says in words what was wrong.
+    ``reason`` is a short stable token, one of :data:`REJECT_REASONS` (``"bad_version"``,
+    ``"bad_values"``...), that the collector counts rejects by; ``detail`` says in words what
+    was wrong.
 
     >>> SchemaError("bad_version", "protocol version 7 is not supported").reason
     'bad_version'

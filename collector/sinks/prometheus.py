@@ -3,7 +3,10 @@
 ``write()`` only stores the step's values; a custom ``prometheus_client`` collector renders
 fresh metric families from them on each scrape (names from :func:`collector.promnames.prom_metric`,
 labels ``run`` and ``role``), together with the collector's own health counters. A metric that
-a step does not report keeps its last value, as a gauge should.
+a step does not report keeps its last value, as a gauge should. Counters exist before their
+first increment: every rejection reason (``schemas.errors.REJECT_REASONS``) from start-up,
+and each run's cumulative catalog metrics (``system/tokens``, ``system/samples``) from its
+first step, at 0.
 
 Per-rank series are not exported: a :class:`~schemas.record.StepRecord` carries only values
 pooled across ranks.
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from collector.errors import ConfigError
 from collector.promnames import prom_metric
 from collector.sinks.base import SinkContext, reject_unknown
+from schemas.errors import REJECT_REASONS
 from schemas.record import StepRecord
 
 if TYPE_CHECKING:
@@ -193,6 +197,14 @@ class PrometheusSink:
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
+        # Each run's counters (tokens and samples trained on) are exported from its first
+        # step, at 0 until they grow, so that rate() and increase() see the first increment.
+        self._counters = frozenset(
+            out
+            for entry in ctx.catalog.entries.values()
+            if entry.cumulative
+            for out in entry.output_names().values()
+        )
         self.registry.register(_StepCollector(self))
         ProcessCollector(registry=self.registry)  # the collector's own CPU and memory
 
@@ -328,12 +340,16 @@ class PrometheusSink:
                 yield _family(pname, help_, kind, [], [([], value)])
         malformed = health.get("malformed")
         if isinstance(malformed, Mapping):
-            samples = [
-                ([str(k)], v) for k, v in sorted(malformed.items()) if _number(v) is not None
-            ]
+            # Every known reason from the start, at 0 until it occurs: increase() and the
+            # malformed-messages alert need a series before the first reject to see it.
+            counts = dict.fromkeys(REJECT_REASONS, 0.0)
+            counts.update((str(k), v) for k, v in malformed.items() if _number(v) is not None)
             taken[_MALFORMED[0]] = "rlpulse"
             yield _family(
-                *_MALFORMED, "counter", ["reason"], [(labels, float(v)) for labels, v in samples]
+                *_MALFORMED,
+                "counter",
+                ["reason"],
+                [([reason], float(v)) for reason, v in sorted(counts.items())],
             )
         sinks = health.get("sinks")
         if isinstance(sinks, Mapping):
@@ -350,7 +366,8 @@ class PrometheusSink:
         self, runs: Mapping[str, tuple], taken: dict[str, str]
     ) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
-        names = sorted({name for state in runs.values() for name in state[4]})
+        logged = {name for state in runs.values() for name in state[4]}
+        names = sorted(logged | self._counters) if runs else []
         for name in names:
             pm = prom_metric(name, self._ctx.catalog)
             owner = taken.setdefault(pm.name, name)
@@ -369,6 +386,8 @@ class PrometheusSink:
                 if name in state[4]:
                     value, role = state[4][name]
                     family.add_metric([run, role], value * pm.scale)
+                elif name in self._counters:  # not grown yet; derived, so no role
+                    family.add_metric([run, ""], 0.0)
         yield from families.values()
 
     def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
