@@ -1,10 +1,13 @@
-"""The `make demo` workload, pointed at a collector that is already running (the compose one).
+"""The `make demo-synthetic` workload, pointed at a collector that is already running (the
+compose one).
 
     RLPULSE_ADDRESS=tcp://127.0.0.1:5555 .venv/bin/python deploy/demo_workload.py --steps 600
 
 ``scripts/demo_synthetic.py`` starts its own collector on loopback; this runs the same four
 producer processes (two actor_train ranks, a critic, a driver) against ``RLPULSE_ADDRESS``
-instead, so the steps reach the compose collector, Prometheus and Grafana.
+instead, so the steps reach the compose collector, Prometheus and Grafana. Every role keeps
+to one schedule (a step every ``STEP_S`` seconds), so no step waits on a role that fell
+behind and none is emitted partial.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from pathlib import Path
 from producer.env import default_address
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from demo_synthetic import worker  # spawned children inherit sys.path
+from demo_synthetic import ROLES, START_S, STEP_S, worker  # spawned children inherit sys.path
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=600, help="about 0.2 s each")
+    parser.add_argument("--steps", type=int, default=600, help=f"{STEP_S} s each")
     parser.add_argument("--run", default="demo-synthetic")
     parser.add_argument(
         "--driver-delay",
@@ -39,16 +42,17 @@ def main() -> int:
         help="collector address (default: $RLPULSE_ADDRESS or tcp://127.0.0.1:5555)",
     )
     args = parser.parse_args()
-    roles = [("actor_train", 0, 2), ("actor_train", 1, 2), ("critic", 0, 1), ("driver", 0, 1)]
     ctx = mp.get_context("spawn")
+    # The driver starts last, as in the trainer; the producers declare the run's roles, so
+    # the collector waits for it. Step 0 begins once it has had time to start.
+    epoch = time.time() + args.driver_delay + START_S
     procs = [
-        ctx.Process(target=worker, args=(args.address, args.run, role, rank, ws, args.steps, i))
-        for i, (role, rank, ws) in enumerate(roles)
+        ctx.Process(
+            target=worker, args=(args.address, args.run, role, rank, ws, args.steps, i, epoch)
+        )
+        for i, (role, rank, ws) in enumerate(ROLES)
     ]
     print(f"{len(procs)} producers, {args.steps} steps of run {args.run!r} -> {args.address}")
-    # The driver starts last, as in the trainer: the collector emits a step once every rank
-    # of every *registered* role has finished it, so a driver registered alone would have its
-    # first steps emitted without the workers (they then arrive late).
     for proc in procs[:-1]:
         proc.start()
     time.sleep(args.driver_delay)

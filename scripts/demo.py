@@ -2,13 +2,16 @@
 
 The collector prints each aggregated step (stdout sink) and writes JSON lines, TensorBoard
 event files and a Prometheus endpoint; the trainer runs ``trainer/configs/demo.yaml`` against
-it. At the end the last Prometheus scrape is saved and the run's curves are drawn.
+it. At the end the last Prometheus scrape is saved and the run's curves are drawn. Under
+``make demo`` all of it runs in a private network namespace (``scripts/in-netns.sh``), so the
+live ``/metrics`` is reached with ``nsenter``, as the demo prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -17,6 +20,7 @@ import yaml
 
 from collector.launch import start_collector
 from collector.runtools.cli import main as run_tools
+from collector.runtools.compare import RUN_CONFIG
 from schemas import Stat
 from schemas import metrics as M
 from trainer.__main__ import main as trainer_main
@@ -42,7 +46,8 @@ def main() -> int:
     metrics_url = f"http://{prom['host']}:{prom['port']}/metrics"
     # Printed while it runs, so a reader knows where to look before the end.
     print(
-        f"rlpulse demo: steps print below; /metrics at {metrics_url}; files in {run_dir}",
+        f"rlpulse demo: steps print below; files in {run_dir}\n"
+        f"  live /metrics while it runs: {live_metrics_hint(metrics_url)}",
         flush=True,
     )
     with start_collector({**collector_cfg, "settle_s": 0}) as collector:
@@ -69,13 +74,37 @@ def main() -> int:
         f"  TensorBoard:                      .venv/bin/tensorboard --logdir {run_dir / 'tensorboard'}"
     )
     print(
-        f"  last Prometheus scrape:           {run_dir / 'metrics.prom'} (live at {metrics_url} while a run is on)"
+        f"  last Prometheus scrape:           {run_dir / 'metrics.prom'} "
+        "(taken before the demo's collector stopped)"
     )
     print(f"  curves:                           {report}")
+    print(f"  configuration it ran with:        {run_dir / RUN_CONFIG}")
     print(
-        "  compare runs:                     .venv/bin/python -m collector compare A.jsonl B.jsonl"
+        f"  compare runs:                     .venv/bin/python -m collector compare {jsonl} "
+        "OTHER/metrics.jsonl --key ppo.actor_lr"
     )
     return 0
+
+
+def private_network_namespace() -> bool:
+    """Whether this process runs in another network namespace than the one that started it
+    (``make demo`` runs us through ``scripts/in-netns.sh`` when it can: root and unshare)."""
+    try:
+        return os.readlink(f"/proc/{os.getppid()}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:  # not Linux, or not allowed to look: assume the shell's own namespace
+        return False
+
+
+def live_metrics_hint(url: str) -> str:
+    """Where the live /metrics can be read from, said truthfully: in a private network
+    namespace, 127.0.0.1 is the namespace's own loopback, which the user's shell cannot
+    reach; nsenter (root, which the namespace needed anyway) enters it."""
+    if not private_network_namespace():
+        return url
+    return (
+        f"{url} inside the demo's private network namespace (not reachable from your shell "
+        f"as is); from another shell: nsenter --net=/proc/{os.getpid()}/ns/net curl -s {url}"
+    )
 
 
 if __name__ == "__main__":

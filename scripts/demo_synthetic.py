@@ -1,8 +1,9 @@
 """A synthetic workload: a collector plus producer processes shaped like a PPO job.
 
 Two ``actor_train`` ranks with very different token counts, a ``critic`` rank and a driver log
-per-token tensors, per-rank means with their weights, clip fractions and phase timings; the
-collector prints each step pooled across ranks and appends it to ``runs/demo-synthetic.jsonl``.
+per-token tensors, per-rank means with their weights, clip fractions and phase timings, all
+at the same pace (:data:`STEP_S`); the collector prints each step pooled across ranks and
+appends it to ``runs/demo-synthetic.jsonl``.
 The real workload is the trainer (``python -m trainer``).
 """
 
@@ -21,16 +22,37 @@ from schemas import metrics as M
 
 TOPOLOGY = {"actor_train": 2, "critic": 1, "driver": 1}
 """The run's roles and world sizes, declared so the collector waits for late starters."""
+ROLES = [("actor_train", 0, 2), ("actor_train", 1, 2), ("critic", 0, 1), ("driver", 0, 1)]
+"""The producer processes: (role, rank, world size)."""
+START_S = 2.0
+"""Seconds from launching the processes to step 0: time for them to start and register."""
+
+
+STEP_S = 0.2
+"""Seconds per step, the same for every role: step k of every process starts at
+``epoch + k * STEP_S`` (a shared wall-clock schedule). Roles that each slept their own time
+per step drifted apart (the driver ran ahead of the slowest actor_train rank by a step in
+five), and the collector's ``max_open_steps`` emitted the oldest steps partial."""
 
 
 def worker(
-    address: str, run: str, role: str, rank: int, world_size: int, steps: int, seed: int
+    address: str,
+    run: str,
+    role: str,
+    rank: int,
+    world_size: int,
+    steps: int,
+    seed: int,
+    epoch: float,
 ) -> None:
+    """One producer process: registers at once, starts step 0 at ``epoch`` (``time.time()``),
+    then keeps to the shared schedule, as ranks of a synchronous RL step do."""
     rng = np.random.default_rng(seed)
     with Producer(
         address, run=run, role=role, rank=rank, world_size=world_size, expected_roles=TOPOLOGY
     ) as p:
         for step in range(steps):
+            time.sleep(max(0.0, epoch + step * STEP_S - time.time()))
             tokens = int(rng.integers(8, 64)) if rank == 0 else int(rng.integers(800, 1600))
             mask = rng.random(tokens) < 0.9
             if role == "actor_train":
@@ -63,7 +85,6 @@ def worker(
                     {M.CRITIC_SCORE.name: scores, M.TIME_ROLLOUT.name: 0.05 + rng.random() * 0.01},
                     step=step,
                 )
-            time.sleep(0.15)
 
 
 def main() -> None:
@@ -79,14 +100,14 @@ def main() -> None:
     }
     with start_collector(config) as collector:
         print(f"collector listening on {collector.address}; {args.steps} steps follow")
-        roles = [("actor_train", 0, 2), ("actor_train", 1, 2), ("critic", 0, 1), ("driver", 0, 1)]
         ctx = mp.get_context("spawn")
+        epoch = time.time() + START_S
         procs = [
             ctx.Process(
                 target=worker,
-                args=(collector.address, "demo-synthetic", role, rank, ws, args.steps, i),
+                args=(collector.address, "demo-synthetic", role, rank, ws, args.steps, i, epoch),
             )
-            for i, (role, rank, ws) in enumerate(roles)
+            for i, (role, rank, ws) in enumerate(ROLES)
         ]
         for proc in procs:
             proc.start()
