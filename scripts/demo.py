@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import urllib.request
 from pathlib import Path
@@ -87,12 +88,39 @@ def main() -> int:
 
 
 def private_network_namespace() -> bool:
-    """Whether this process runs in another network namespace than the one that started it
-    (``make demo`` runs us through ``scripts/in-netns.sh`` when it can: root and unshare)."""
+    """Whether this process runs in another network namespace than the shell that started it
+    (``make demo`` runs us through ``scripts/in-netns.sh`` when it can: root and unshare).
+
+    The nearest ancestor in another namespace says so. When an ancestor cannot be seen
+    (reparented to init, as under nohup), a namespace with the loopback interface alone is
+    taken to be in-netns.sh's."""
+    own = _netns(os.getpid())
+    pid = os.getppid()
+    while own is not None and pid >= 1:
+        theirs = _netns(pid)
+        if theirs is None:
+            break
+        if theirs != own:
+            return True
+        pid = _parent(pid) if pid > 1 else 0
+    else:
+        return False  # every ancestor shares our namespace (or we cannot see our own)
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def _netns(pid: int) -> str | None:
     try:
-        return os.readlink(f"/proc/{os.getppid()}/ns/net") != os.readlink("/proc/self/ns/net")
-    except OSError:  # not Linux, or not allowed to look: assume the shell's own namespace
-        return False
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:  # not Linux, or not allowed to look
+        return None
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rpartition(")")[2].split()[1])  # after "pid (comm)": state, ppid
 
 
 def live_metrics_hint(url: str) -> str:

@@ -138,9 +138,11 @@ def missing_key_warnings(
     for key in keys:
         if any(config_has(c, key) for c in configs):
             continue
+        # keys whose last part ends like the key's (ppo.lr -> ppo.actor_lr), then look-alikes
         leaf = key.rsplit(".", 1)[-1]
-        near = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-        near += [k for k in known if k.rsplit(".", 1)[-1].endswith(leaf) and k not in near][:3]
+        near = [k for k in known if k.rsplit(".", 1)[-1].endswith(leaf)]
+        near += difflib.get_close_matches(key, [k for k in known if k not in near], cutoff=0.6)
+        near = near[:4]
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         warnings.append(f"--key {key} is in no run's configuration (its column shows -){hint}")
     return warnings
