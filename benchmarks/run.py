@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "latency": ([], 180),
     "overhead": ([], 300),
     "faults": ([], 180),
+    "reduce_cost": ([], 600),
 }
 
 

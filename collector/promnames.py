@@ -8,7 +8,7 @@ Prometheus name by these rules, following https://prometheus.io/docs/practices/n
   ``_``, and the name is lower-cased (camelCase is not Prometheus style);
 * the catalog's unit becomes a base-unit suffix, unless the name already has it as a word:
   seconds, bytes (the catalog keeps memory in GiB, as ROLL does: values are scaled by 1024**3),
-  ratio, tokens, samples, tokens_per_second, nats; unitless units ("1", "score") add nothing;
+  ratio, tokens, samples, tokens_per_second, nats, watts, celsius; unitless units ("1", "score") add nothing;
 * metrics the catalog marks ``cumulative`` (samples and tokens since the run began) are
   counters and end in ``_total``, so ``rate()`` works; everything else is a gauge.
 
@@ -41,6 +41,8 @@ UNITS: dict[str, tuple[str, float]] = {
     "samples": ("samples", 1.0),
     "tokens/s": ("tokens_per_second", 1.0),
     "nats": ("nats", 1.0),
+    "W": ("watts", 1.0),
+    "celsius": ("celsius", 1.0),
     "score": ("", 1.0),
     "1": ("", 1.0),
     "": ("", 1.0),

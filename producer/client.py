@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -21,7 +22,10 @@ from typing import Any
 
 import zmq
 
+from producer.cuda import cuda_context
+from producer.device import DeviceContext, DeviceValue, Pending
 from producer.env import curve_from_env, default_address
+from producer.gpustate import NvmlSampler
 from producer.memory import MemoryProbe
 from producer.phase import Phase, PhaseNames
 from producer.reduce import InvalidValue, reduce_value
@@ -75,6 +79,9 @@ class Producer:
         catalog: Catalog = CATALOG,
         context: zmq.Context | None = None,
         memory_probe: MemoryProbe | None = None,
+        gpu_sample_s: float = 1.0,
+        device: DeviceContext | None = None,
+        nvml: NvmlSampler | None = None,
     ) -> None:
         if not run or not isinstance(run, str):
             raise ValueError(f"run must be a non-empty string, got {run!r}")
@@ -99,6 +106,9 @@ class Producer:
         self._warned: set[str] = set()
         self._phase_names: dict[str, PhaseNames | None] = {}
         self._probe = memory_probe or MemoryProbe()
+        self._device = device
+        self._device_known = device is not None
+        """GPU routing is decided once torch is imported (by the caller, never by us)."""
         # Caller-thread counters (the sender keeps its own: no shared writes across threads).
         self._logged = 0
         self._dropped_full = 0
@@ -127,6 +137,8 @@ class Producer:
             max_unacked=max_unacked,
             resend_s=resend_s,
             curve=curve or curve_from_env(),
+            nvml=nvml if nvml is not None else NvmlSampler(role),
+            gpu_sample_s=gpu_sample_s,
         )
         self._sender.close_timeout_s = close_timeout_s
         self._sender.start()
@@ -137,11 +149,26 @@ class Producer:
     # ------------------------------------------------------------------ the hot path
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
-        """Queue the metrics of ``step``. Never raises, never blocks.
+        """Queue the metrics of ``step``. Never raises, never blocks, never waits for a GPU.
 
         Values: ``int``/``float`` (one sample), numpy arrays and torch tensors (every element
-        a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`.
+        a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`. GPU tensors are
+        snapshotted and reduced later by the sender thread (``producer.device``).
         """
+        self._log(data, step)
+
+    def _log(
+        self,
+        data: Mapping[str, Any],
+        step: int,
+        waits: tuple[Pending, ...] = (),
+        deferred: Mapping[str, DeviceValue] | None = None,
+        phase: bool = False,
+    ) -> None:
+        """``log()``, plus values already deferred to the device (a phase's GPU times) with
+        the work they wait for, and whether this ends a phase (the sender then reads the
+        GPUs' state)."""
+        call = None
         try:
             if self._closed:
                 self._invalid += 1
@@ -154,29 +181,53 @@ class Producer:
                     f"step must be a non-negative int, got {step!r}: call dropped",
                 )
                 return
-            payload = dict(data)
-            for name, value in payload.items():
-                if type(value) not in _SIMPLE:
-                    try:
-                        payload[name] = reduce_value(value)
-                    except InvalidValue as exc:
-                        payload[name] = INVALID
-                        self._invalid += 1
-                        self._warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
-            queue = self._queue
-            if len(queue) >= self._max_pending:
+            if len(self._queue) >= self._max_pending:
                 self._dropped_full += 1
                 self._warn_once(
                     "full",
                     f"{self._max_pending} log() calls are queued unsent; dropping (counted in stats())",
                 )
                 return
-            queue.append((LOG, step, time.time(), payload))
+            payload = dict(data)
+            device = self._device if self._device_known else self._find_device()
+            for name, value in payload.items():
+                if type(value) in _SIMPLE:
+                    continue
+                try:
+                    if device and device.owns(value):
+                        if call is None:
+                            call = device.call()
+                        payload[name] = call.add(value)
+                    else:
+                        payload[name] = reduce_value(value)
+                except InvalidValue as exc:
+                    payload[name] = INVALID
+                    self._invalid += 1
+                    self._warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
+            if call is not None:
+                waits = (*waits, *call.seal())
+            if deferred:
+                payload.update(deferred)
+            self._queue.append((LOG, step, time.time(), payload, waits, phase))
             self._logged += 1
             if not self._wake.is_set():
                 self._wake.set()
-        except Exception as exc:  # a bug or an odd mapping must not reach the training loop
+        except Exception as exc:  # a bug, an odd mapping or a CUDA error must not reach training
+            if call is not None:
+                call.abandon()
             self._note_error("log()", exc)
+
+    def device(self) -> DeviceContext | None:
+        """This producer's GPU context (None without CUDA, or before torch is imported)."""
+        return self._device if self._device_known else self._find_device()
+
+    def _find_device(self) -> DeviceContext | None:
+        """The CUDA context once torch is imported (never imported by us); until then None,
+        and asked again at the next call."""
+        if sys.modules.get("torch") is None:
+            return None
+        self._device, self._device_known = cuda_context(), True
+        return self._device
 
     def phase(
         self,

@@ -10,6 +10,14 @@ Inside ``with producer.phase("actor_train/train_step", step=s, onload=..., offlo
 ``total`` covers all four. Every metric is logged at once when the phase ends, also when the
 body raises (the exception then propagates unchanged). Metric names come from the catalog's
 templates.
+
+Host times say how long the caller was busy. On a GPU the host runs ahead of the device, so
+each boundary also records a CUDA event on the current stream (a few microseconds, never a
+synchronization) and the sender thread reports the device time between them once the last
+has passed: ``time/{cluster}/{phase}/gpu/{total,execute,onload,offload}``. A phase that
+queues 300 ms of kernels and returns at once shows ~0 s of host ``execute`` and 300 ms of
+GPU ``execute``. The end of a phase also has the sender read the GPUs through NVML
+(``producer.gpustate``).
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from producer.device import PhaseTimer
 from producer.memory import DeviceMemory, MemoryProbe
-from schemas.metrics import MEMORY_CPU, MEMORY_GPU, TIME_PHASE
+from schemas.metrics import MEMORY_CPU, MEMORY_GPU, TIME_PHASE, TIME_PHASE_GPU
 
 if TYPE_CHECKING:
     from producer.client import Producer
@@ -45,6 +54,9 @@ class PhaseNames:
 
     def time(self, part: str) -> str:
         return TIME_PHASE.format(cluster=self.cluster, phase=self.phase, part=part)
+
+    def gpu_time(self, part: str) -> str:
+        return TIME_PHASE_GPU.format(cluster=self.cluster, phase=self.phase, part=part)
 
     def cpu(self, when: str, kind: str) -> str:
         return MEMORY_CPU.format(cluster=self.cluster, phase=self.phase, when=when, kind=kind)
@@ -83,6 +95,7 @@ class Phase:
         self._onload = onload
         self._offload = offload
         self._metrics: dict[str, float] = {}
+        self._timer: PhaseTimer | None = None
 
     def _gpu(self, when: str, state: str, fractions: bool = False) -> None:
         names = self._names
@@ -113,6 +126,11 @@ class Phase:
         if self._names is None:
             return self
         try:
+            device = self._producer.device()
+            self._timer = device.phase_timer() if device is not None else None
+        except Exception as exc:  # a CUDA error must not break training
+            self._producer._note_error("phase GPU timer", exc)
+        try:
             rss, vms = self._probe.cpu()
             self._metrics[self._names.cpu("start", "rss")] = rss
             self._metrics[self._names.cpu("start", "vms")] = vms
@@ -124,6 +142,7 @@ class Phase:
             t = time.perf_counter()
             self._onload()
             self._metrics[self._names.time("onload")] = time.perf_counter() - t
+            self._mark("onloaded")
         try:
             self._gpu("start", "onload")
         except Exception as exc:
@@ -141,6 +160,8 @@ class Phase:
         if names is None:
             return
         execute = time.perf_counter() - self._t_exec
+        if self._offload is not None:
+            self._mark("executed")
         try:
             self._gpu("end", "onload", fractions=True)
         except Exception as err:
@@ -160,4 +181,21 @@ class Phase:
             self._producer._note_error("phase probe", err)
         self._metrics[names.time("execute")] = execute
         self._metrics[names.time("total")] = time.perf_counter() - self._t0
-        self._producer.log(self._metrics, step=self._step)
+        timer = self._timer
+        if timer is not None and self._mark("end"):
+            times = {names.gpu_time(part): t for part, t in timer.times().items()}
+            self._producer._log(self._metrics, self._step, (timer,), times, phase=True)
+        else:
+            self._producer._log(self._metrics, self._step, phase=True)
+
+    def _mark(self, point: str) -> bool:
+        """Record a timing marker; on a CUDA error give the timer up (counted)."""
+        if self._timer is None:
+            return False
+        try:
+            self._timer.mark(point)
+            return True
+        except Exception as exc:
+            self._producer._note_error("phase GPU timer", exc)
+            self._timer = None
+            return False

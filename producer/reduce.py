@@ -1,12 +1,16 @@
 """Turn whatever ``log()`` was given into a mergeable state, in the caller's thread.
 
-Arrays are reduced where they are: numpy on the CPU, torch on the tensor's own device. For a
-CUDA tensor the reduction is queued on the GPU and copied back asynchronously into pinned
-memory; the sender thread waits for the copy (:class:`Pending`), so ``log()`` never syncs the
-GPU. Raw arrays never leave this module.
+Host data (numbers, numpy arrays, CPU tensors) is reduced here, at once. Tensors on a GPU are
+handed to ``producer.device``: the caller only snapshots them, and the sender thread reduces
+them later, so ``log()`` never waits for the GPU. Raw arrays never leave the producer.
 
 A reduced value is ``(sum, weight, min, max, nonfinite)``: non-finite samples are left out of
 the state and counted, and ``min``/``max`` are NaN when no sample defines them.
+
+The numpy path does the least an exact reduction needs: one float64 sum, a min and a max over
+the data as it is (no float64 copy; a mask selects its samples with one ``np.compress``). A
+finite sum proves every sample finite (a NaN or an infinity would have made it NaN or
+infinite), so the finite check runs only when the sum says something is off.
 """
 
 from __future__ import annotations
@@ -21,41 +25,58 @@ from producer.values import Fraction, Masked, Weighted
 
 State = tuple[float, float, float, float, int]
 NAN = math.nan
+EMPTY: State = (0.0, 0.0, NAN, NAN, 0)
 
 
 class InvalidValue(TypeError):
     """A value ``log()`` cannot turn into samples; the message says why."""
 
 
-class Pending:
-    """A reduction still running on a GPU: ``resolve()`` waits for it (sender thread only)."""
-
-    __slots__ = ("_event", "_host")
-
-    def __init__(self, host: Any, event: Any) -> None:
-        self._host = host
-        self._event = event
-
-    def resolve(self) -> State:
-        self._event.synchronize()
-        s, w, mn, mx, nf = self._host.tolist()
-        return _finish(s, w, mn, mx, int(nf))
-
-
-def _finish(s: float, w: float, mn: float, mx: float, nf: int) -> State:
+def finish(s: float, w: float, mn: float, mx: float, nf: int) -> State:
+    """A state from raw reduction outputs: no weight means no extremes either."""
     if w <= 0:
         return (0.0, 0.0, NAN, NAN, nf)
+    if not math.isfinite(s):
+        raise InvalidValue(f"the sum of the samples overflows float64 ({s})")
     return (float(s), float(w), float(mn), float(mx), nf)
 
 
-def _scalar(value: Any, what: str) -> float:
-    """A Python number from an int, float, 0-d/1-element array or tensor."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+def weighted_state(v: float, w: float) -> State:
+    """``Weighted(v, w)`` from host numbers: a mean over ``w`` samples, extremes unknown."""
+    if not math.isfinite(w) or w < 0:
+        raise InvalidValue(f"Weighted weight must be finite and non-negative, got {w}")
+    if not math.isfinite(v):
+        return (0.0, 0.0, NAN, NAN, 1)
+    return (v * w, w, NAN, NAN, 0) if w > 0 else EMPTY
+
+
+def fraction_state(num: float, den: float) -> State:
+    """``Fraction(num, den)`` from host numbers: the two slots of a pooled ratio."""
+    if not (math.isfinite(num) and math.isfinite(den)) or den < 0 or num < 0:
+        raise InvalidValue(f"Fraction needs finite, non-negative parts, got {num}/{den}")
+    return (num, den, NAN, NAN, 0)
+
+
+def scalar_state(x: float) -> State:
+    """One sample."""
+    return (x, 1.0, x, x, 0) if math.isfinite(x) else (0.0, 0.0, NAN, NAN, 1)
+
+
+def _torch() -> Any:
+    """torch if this process imported it (never imported here: a CPU-only worker pays nothing)."""
+    return sys.modules.get("torch")
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def scalar(value: Any, what: str) -> float:
+    """A Python number from an int, float, 0-d/1-element array or CPU tensor."""
+    if isinstance(value, (int, float)):
         return float(value)
-    if isinstance(value, bool):
-        return float(value)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
+    if _is_tensor(value):
         if value.numel() != 1:
             raise InvalidValue(
                 f"{what} must be a single number, got a tensor of shape {tuple(value.shape)}"
@@ -71,96 +92,81 @@ def _scalar(value: Any, what: str) -> float:
 
 def _numpy(values: Any, mask: Any | None) -> State:
     try:
-        arr = np.asarray(values, dtype=np.float64).ravel()
+        arr = np.asarray(values)
+        if arr.dtype.kind not in "biuf":
+            arr = arr.astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise InvalidValue(f"cannot read samples from {type(values).__name__}: {exc}") from None
-    finite = np.isfinite(arr)
+    arr = arr.reshape(-1)
     if mask is not None:
-        m = np.asarray(mask).astype(bool).ravel()
+        m = np.asarray(mask).reshape(-1)
         if m.shape != arr.shape:
             raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
-        nonfinite = int(np.count_nonzero(m & ~finite))
-        finite &= m
-    else:
-        nonfinite = int(arr.size - np.count_nonzero(finite))
-    sel = arr[finite]
+        arr = np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr)
+    if arr.size == 0:
+        return EMPTY
+    s = float(np.sum(arr, dtype=np.float64))
+    if math.isfinite(s):  # then every sample is finite
+        return finish(s, float(arr.size), float(arr.min()), float(arr.max()), 0)
+    finite = np.isfinite(arr)
+    sel = np.compress(finite, arr)
+    nonfinite = int(arr.size - sel.size)
     if sel.size == 0:
         return (0.0, 0.0, NAN, NAN, nonfinite)
-    return (float(sel.sum()), float(sel.size), float(sel.min()), float(sel.max()), nonfinite)
+    s = float(np.sum(sel, dtype=np.float64))
+    return finish(s, float(sel.size), float(sel.min()), float(sel.max()), nonfinite)
 
 
 def _numpy_view(tensor: Any) -> np.ndarray | None:
-    """A zero-copy numpy view of a CPU tensor; None on a GPU or for dtypes numpy lacks."""
-    if tensor.device.type != "cpu":
-        return None
+    """A zero-copy numpy view of a CPU tensor; None for dtypes numpy lacks (bfloat16)."""
     try:
         return tensor.detach().numpy()
-    except (TypeError, RuntimeError):  # bfloat16 and friends
+    except (TypeError, RuntimeError):
         return None
 
 
-def _torch(torch: Any, values: Any, mask: Any | None) -> State | Pending:
-    """Reduce on the tensor's own device (GPU tensors; CPU dtypes numpy cannot view)."""
-    v = values.detach().reshape(-1)
-    v = v.to(torch.float64) if v.device.type != "mps" else v.to(torch.float32)
-    finite = torch.isfinite(v)
+def reduce_host_tensor(values: Any, mask: Any | None) -> State:
+    """Reduce a tensor with torch where it lives, synchronously: CPU tensors numpy cannot
+    view, and devices other than CUDA (no deferral there)."""
+    from producer.device import reduce_tensor
+
+    torch = _torch()
     if mask is not None:
-        m = torch.as_tensor(mask, device=v.device).reshape(-1).to(torch.bool)
-        if m.shape != v.shape:
-            raise InvalidValue(f"mask has {m.numel()} elements but values have {v.numel()}")
-        nonfinite = (m & ~finite).sum()
-        valid = finite & m
-    else:
-        nonfinite = (~finite).sum()
-        valid = finite
-    inf = torch.tensor(math.inf, dtype=v.dtype, device=v.device)
-    stats = torch.stack(
-        [
-            torch.where(valid, v, torch.zeros_like(v)).sum(),
-            valid.sum().to(v.dtype),
-            torch.where(valid, v, inf).min() if v.numel() else inf,
-            torch.where(valid, v, -inf).max() if v.numel() else -inf,
-            nonfinite.to(v.dtype),
-        ]
-    )
-    if v.device.type == "cuda":
-        # non_blocking D2H lands in pinned memory; the event tells the sender when it is there.
-        host = stats.to("cpu", non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return Pending(host, event)
-    s, w, mn, mx, nf = stats.tolist()
-    return _finish(s, w, mn, mx, int(nf))
+        if not isinstance(mask, torch.Tensor):
+            mask = torch.as_tensor(np.asarray(mask))
+        if mask.numel() != values.numel():
+            raise InvalidValue(f"mask has {mask.numel()} elements but values have {values.numel()}")
+        mask = mask.to(values.device)
+    if values.numel() == 0:
+        return EMPTY
+    s, w, mn, mx, nf = reduce_tensor(torch, values, mask).tolist()
+    return finish(s, w, mn, mx, int(nf))
 
 
-def reduce_value(value: Any) -> State | Pending:
-    """Reduce one logged value; raise :class:`InvalidValue` if it cannot be read."""
+def reduce_value(value: Any) -> State:
+    """Reduce one logged value now; raise :class:`InvalidValue` if it cannot be read.
+
+    ``log()`` sends GPU tensors to ``producer.device`` before it gets here; a GPU tensor that
+    does arrive (tests, tools) is reduced where it lives and read back, which waits for it.
+    """
     if isinstance(value, Weighted):
-        v = _scalar(value.value, "Weighted value")
-        w = _scalar(value.weight, "Weighted weight")
-        if not math.isfinite(w) or w < 0:
-            raise InvalidValue(f"Weighted weight must be finite and non-negative, got {w}")
-        if not math.isfinite(v):
-            return (0.0, 0.0, NAN, NAN, 1)
-        return (v * w, w, NAN, NAN, 0) if w > 0 else (0.0, 0.0, NAN, NAN, 0)
+        return weighted_state(
+            scalar(value.value, "Weighted value"), scalar(value.weight, "Weighted weight")
+        )
     if isinstance(value, Fraction):
-        num = _scalar(value.numerator, "Fraction numerator")
-        den = _scalar(value.denominator, "Fraction denominator")
-        if not (math.isfinite(num) and math.isfinite(den)) or den < 0 or num < 0:
-            raise InvalidValue(f"Fraction needs finite, non-negative parts, got {num}/{den}")
-        return (num, den, NAN, NAN, 0)
+        return fraction_state(
+            scalar(value.numerator, "Fraction numerator"),
+            scalar(value.denominator, "Fraction denominator"),
+        )
     values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(values, torch.Tensor):
-        # On the CPU, numpy does this reduction in a few vectorised passes over a zero-copy
-        # view, where torch dispatches a dozen small ops (measured ~3x slower on 4k tokens).
-        view = _numpy_view(values)
-        mask_view = _numpy_view(mask) if isinstance(mask, torch.Tensor) else mask
-        if view is not None and (mask is None or mask_view is not None):
-            return _numpy(view, mask_view)
-        return _torch(torch, values, mask)
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise InvalidValue(f"cannot log a {type(values).__name__} as a metric")
-    if torch is not None and isinstance(mask, torch.Tensor):
+    if _is_tensor(values):
+        view = _numpy_view(values) if values.device.type == "cpu" else None
+        mask_view = _numpy_view(mask) if _is_tensor(mask) else mask
+        if view is None or (mask_view is None and mask is not None):
+            return reduce_host_tensor(values, mask)
+        return _numpy(view, mask_view)
+    if _is_tensor(mask):
         mask = mask.detach().cpu().numpy()
     return _numpy(values, mask)

@@ -31,7 +31,8 @@ from typing import Any
 
 import zmq
 
-from producer.reduce import Pending
+from producer.gpustate import NvmlSampler
+from producer.reduce import InvalidValue
 from schemas import protocol
 from schemas.catalog import Catalog
 from schemas.errors import SchemaError
@@ -49,6 +50,8 @@ HELLO_RETRY_S = 0.2
 """Until the collector acknowledges our hello, it is sent again this often."""
 POLL_S = 0.1
 """Longest sleep of the sender: acknowledgements and the connection are checked this often."""
+GPU_POLL_S = 0.002
+"""How often the sender looks at CUDA events while log() calls wait for their GPU values."""
 COALESCE_S = 0.002
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
 _BIG_ENDIAN = sys.byteorder != "little"
@@ -109,6 +112,8 @@ class Sender(threading.Thread):
         max_unacked_bytes: int = 256 * 1024 * 1024,
         resend_s: float = 2.0,
         curve: CurveKeys | None = None,
+        nvml: NvmlSampler | None = None,
+        gpu_sample_s: float = 1.0,
     ) -> None:
         super().__init__(name=f"rlpulse-sender-{identity['role']}-{identity['rank']}", daemon=True)
         self.address = address
@@ -135,6 +140,14 @@ class Sender(threading.Thread):
         self._progress_at = time.monotonic()
         self._flush_waiters: list[tuple[int, threading.Event]] = []
         self._kinds: dict[str, int] = {}
+        self._waiting: deque[tuple] = deque()
+        """Queued calls in order, the oldest waiting for its GPU values to arrive."""
+        self._nvml = nvml
+        self._gpu_sample_s = gpu_sample_s
+        self._next_gpu_sample = 0.0
+        self._step: tuple[int, float] | None = None
+        """The latest step a log() call reached the sender with, and that call's time."""
+        self._done_through = -1
         self._socket = context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, sndhwm)
@@ -337,8 +350,13 @@ class Sender(threading.Thread):
                     c.nonfinite += 1
                     continue
             else:
-                if type(v) is Pending:
-                    v = v.resolve()
+                if type(v) is not tuple:
+                    try:
+                        v = v.state()  # a GPU value, ready by now
+                    except InvalidValue as exc:
+                        c.invalid += 1
+                        self.warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
+                        continue
                 s, w, mn, mx, nf = v
                 if nf:
                     nonfinite[name] = nf
@@ -361,37 +379,125 @@ class Sender(threading.Thread):
         return protocol.pack_entry(step, t, names, bytes(kinds), vals.tobytes(), nonfinite)
 
     def _drain(self) -> None:
-        entries: list[list] = []
-        queue = self.queue
+        """Take every queued call in order: launch its GPU work, then encode the calls whose
+        values are all there, stopping at the first that still waits (order is kept)."""
+        queue, waiting = self.queue, self._waiting
         while queue:
             item = queue.popleft()
+            if item[0] == LOG:
+                item = self._launch(item)
+                if item[5]:  # the end of a phase: read the GPUs now, near the boundary
+                    self._sample_gpus(item[1], item[2])
+            waiting.append(item)
+        entries: list[list] = []
+        while waiting:
+            item = waiting[0]
             kind = item[0]
             if kind == LOG:
-                try:
-                    entry = self._entry(item[1], item[2], item[3])
-                except Exception as exc:  # never let one bad value kill the thread
-                    self.counters.errors += 1
-                    self.warn_once(
-                        f"encode:{type(exc).__name__}", f"could not encode a log() call: {exc}"
-                    )
-                    continue
+                item = self._ready(item)
+                if item is None:
+                    break
+                waiting.popleft()
+                entry = self._encode(item)
                 if entry is not None:
                     entries.append(entry)
                     if len(entries) >= MAX_ENTRIES_PER_MESSAGE:
                         self._flush_entries(entries)
                         entries = []
-            elif kind == DONE:
-                self._flush_entries(entries)
-                entries = []
+                continue
+            waiting.popleft()
+            self._flush_entries(entries)
+            entries = []
+            if kind == DONE:
                 step = item[1]
+                self._done_through = max(self._done_through, step)
                 self._enqueue(
                     lambda seq, step=step: protocol.encode_done(self.producer_id, seq, step), 0
                 )
             else:  # FLUSH marker: set once everything before it is acknowledged
-                self._flush_entries(entries)
-                entries = []
                 self._flush_waiters.append((self._next_seq - 1, item[1]))
         self._flush_entries(entries)
+
+    def _launch(self, item: tuple) -> tuple:
+        """Queue the device work of a call; a failure (a CUDA error) loses that call's
+        values, counted, never raised."""
+        for pending in item[4]:
+            try:
+                pending.launch()
+            except Exception as exc:
+                self._gpu_failed(item, exc)
+                return (LOG, item[1], item[2], None, item[4], item[5])
+        return item
+
+    def _ready(self, item: tuple) -> tuple | None:
+        """``item`` once its GPU values are all there (without them, payload None, if reading
+        them failed); None while the device is still behind."""
+        if item[3] is None:
+            return item
+        try:
+            if all(p.ready() for p in item[4]):
+                return item
+            return None
+        except Exception as exc:
+            self._gpu_failed(item, exc)
+            return (LOG, item[1], item[2], None, item[4], item[5])
+
+    def _gpu_failed(self, item: tuple, exc: BaseException) -> None:
+        self.counters.errors += 1
+        self.warn_once(
+            f"gpu:{type(exc).__name__}",
+            f"a log() call's GPU values could not be read ({exc!r}); that call is dropped",
+        )
+
+    def _encode(self, item: tuple) -> list | None:
+        _, step, t, payload, waits, _ = item
+        if self._step is None or step >= self._step[0]:
+            self._step = (step, t)
+        if payload is None:
+            entry = None
+        else:
+            try:
+                entry = self._entry(step, t, payload)
+            except Exception as exc:  # never let one bad value kill the thread
+                self.counters.errors += 1
+                self.warn_once(
+                    f"encode:{type(exc).__name__}", f"could not encode a log() call: {exc}"
+                )
+                entry = None
+        for pending in waits:
+            try:
+                pending.release()
+            except Exception:  # releasing an event cannot fail in a way that matters
+                self.counters.errors += 1
+        return entry
+
+    # ------------------------------------------------------------------ GPU state
+
+    def _sample_gpus(self, step: int, t: float) -> None:
+        """Read the GPUs through NVML and log the readings at ``step`` with time ``t`` (the
+        time of that step's own call, so a reading never moves the step's end)."""
+        nvml = self._nvml
+        if nvml is None or self._gpu_sample_s <= 0 or not nvml.start():
+            return
+        try:
+            readings = nvml.sample()
+        except Exception as exc:
+            self.counters.errors += 1
+            self.warn_once("nvml", f"reading the GPUs through NVML failed: {exc!r}")
+            return
+        self._next_gpu_sample = time.monotonic() + self._gpu_sample_s
+        if readings:
+            self._waiting.append((LOG, step, t, readings, (), False))
+
+    def _sample_gpus_now(self) -> None:
+        """The periodic reading, at the latest step this producer is still in."""
+        if (
+            self._gpu_sample_s > 0
+            and self._step is not None
+            and self._step[0] > self._done_through
+            and time.monotonic() >= self._next_gpu_sample
+        ):
+            self._sample_gpus(*self._step)
 
     def _flush_entries(self, entries: list[list]) -> None:
         if entries:
@@ -405,6 +511,7 @@ class Sender(threading.Thread):
         self._read_acks()
         self._register()
         self._drain()
+        self._sample_gpus_now()
         self._check_stall()
         self._pump()
         self._read_acks()
@@ -416,7 +523,8 @@ class Sender(threading.Thread):
             beats = 0
             next_beat = time.monotonic() + self.heartbeat_s
             while not self.stopping.is_set():
-                if self.wake.wait(min(POLL_S, max(0.0, next_beat - time.monotonic()))):
+                longest = GPU_POLL_S if self._waiting else POLL_S
+                if self.wake.wait(min(longest, max(0.0, next_beat - time.monotonic()))):
                     # Let a burst of log() calls gather so they leave as one message.
                     time.sleep(COALESCE_S)
                 self.wake.clear()
@@ -429,25 +537,49 @@ class Sender(threading.Thread):
                         protocol.encode_heartbeat(self.producer_id, self._next_seq, self.stats())
                     )
                     next_beat = time.monotonic() + self.heartbeat_s
+            deadline = time.monotonic() + self.close_timeout_s
             self._drain()
+            # Keep a share of the time for the goodbye, even if the GPU never catches up.
+            self._wait_for_gpu(deadline - min(0.5, self.close_timeout_s / 4))
             self._enqueue(lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0)
-            self._finish()
+            self._finish(deadline)
         except Exception as exc:  # the thread must end cleanly, whatever happened
             self.counters.errors += 1
             log.error("rlpulse sender stopped on an unexpected error: %r", exc)
         finally:
+            if self._nvml is not None:
+                self._nvml.close()
             self._monitor.close(linger=0)
             self._socket.close(linger=0)
             self._context.term()
             for _, event in self._flush_waiters:
                 event.set()
 
-    def _finish(self) -> None:
+    def _wait_for_gpu(self, deadline: float) -> None:
+        """At close: let calls still waiting for their GPU values finish, until the deadline;
+        what is still waiting then is dropped and counted (``dropped_send``)."""
+        while self._waiting and time.monotonic() < deadline:
+            time.sleep(GPU_POLL_S)
+            self._drain()
+        lost = sum(1 for item in self._waiting if item[0] == LOG)
+        if lost:
+            self.counters.dropped_send += lost
+            log.warning(
+                "rlpulse producer %s/%s closed with %d log() calls still waiting for the GPU",
+                self.identity["role"],
+                self.identity["rank"],
+                lost,
+            )
+        for item in self._waiting:
+            if item[0] == FLUSH:
+                item[1].set()
+        self._waiting.clear()
+
+    def _finish(self, deadline: float) -> None:
         """Until the deadline, send what is unacked and wait for the acknowledgements. A
         producer that has been connected waits for a restarting collector to come back; one
         that never reached a collector waits for a connection still being set up, but stops
         as soon as one is refused (nobody listening)."""
-        deadline = time.monotonic() + self.close_timeout_s
         while self._unacked and time.monotonic() < deadline:
             if not self._connected:
                 self._refused = False

@@ -141,6 +141,47 @@ ACTOR_POLICYKL = Entry(
     "KL to the old policy estimated as logp_old - logp, token-weighted mean.",
 )
 
+TIME_PHASE_GPU = Template(
+    "time/{cluster}/{phase}/gpu/{part}",
+    MAX,
+    "s",
+    "GPU seconds of a phase on the rank's current CUDA stream, between CUDA events recorded at "
+    "the phase boundaries (start, after onload, before offload, end): the work the phase "
+    "queued, which host time misses when the GPU runs behind the host. Read off the caller's "
+    "thread, without synchronizing; the maximum across ranks. Absent without CUDA.",
+    choices={"part": ("total", "execute", "onload", "offload")},
+)
+GPU_DEVICE_MEMORY = Template(
+    "gpu/{cluster}/{device_id}/{stat}",
+    MAX,
+    "GiB",
+    "GPU memory as the driver reports it (NVML), read by the worker's sender thread at phase "
+    "ends and every gpu_sample_s: memory_used is the whole device (CUDA contexts and other "
+    "processes included), memory_total its capacity, memory_process this worker and its child "
+    "processes (a vLLM engine started by the rollout worker counts here). The maximum over "
+    "the step's readings and across ranks.",
+    choices={"stat": ("memory_used", "memory_total", "memory_process")},
+)
+GPU_UTILIZATION = Template(
+    "gpu/{cluster}/{device_id}/utilization",
+    MEAN,
+    "ratio",
+    "Share of the last sample period in which a kernel ran on the device (NVML utilization), "
+    "averaged over the step's readings and across ranks.",
+)
+GPU_POWER = Template(
+    "gpu/{cluster}/{device_id}/power",
+    MEAN,
+    "W",
+    "Board power draw (NVML), averaged over the step's readings and across ranks.",
+)
+GPU_TEMPERATURE = Template(
+    "gpu/{cluster}/{device_id}/temperature",
+    MAX,
+    "celsius",
+    "GPU core temperature (NVML), the maximum over the step's readings and across ranks.",
+)
+
 # Evaluation views of the batch
 CRITIC_REF_LOG_PROB = Entry(
     "critic/ref_log_prob",
@@ -359,5 +400,14 @@ ACTOR_REF_KL = Entry(
 )
 
 ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))
-TEMPLATES = (TIME_PHASE, MEMORY_GPU, MEMORY_CPU)
+TEMPLATES = (
+    TIME_PHASE,
+    TIME_PHASE_GPU,
+    MEMORY_GPU,
+    MEMORY_CPU,
+    GPU_DEVICE_MEMORY,
+    GPU_UTILIZATION,
+    GPU_POWER,
+    GPU_TEMPERATURE,
+)
 CATALOG = Catalog(ENTRIES, TEMPLATES)

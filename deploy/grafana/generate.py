@@ -65,12 +65,15 @@ def template_regex(template: Template, groups: Sequence[tuple[str, str, str]], *
     ``groups`` are ``(param, example value, regex)``: the name is spelled by
     :func:`prom_metric` with the example values, then each example is swapped for its regex
     (an example must occur once in the name). ``{cluster}`` and ``{phase}`` are captured as one
-    group, since ``_`` joins them ambiguously (worker group names contain ``_``).
+    group, since ``_`` joins them ambiguously (worker group names contain ``_``); a template
+    without ``{phase}`` captures ``{cluster}`` alone.
     """
-    values = {"cluster": "qqcluster", "phase": "qqphase", **fixed}
+    phased = "phase" in template.params
+    values = {"cluster": "qqcluster", **({"phase": "qqphase"} if phased else {}), **fixed}
     values.update({param: example for param, example, _ in groups})
     body = prom_metric(template.format(**values)).name[len(PREFIX) :]
-    swaps = [("qqcluster_qqphase", "(.+)")] + [(ex, rx) for _, ex, rx in groups]
+    first = ("qqcluster_qqphase" if phased else "qqcluster", "(.+)")
+    swaps = [first] + [(ex, rx) for _, ex, rx in groups]
     for example, regex in swaps:
         if body.count(example) != 1:
             raise ValueError(f"{example!r} is not in {body!r} exactly once")
@@ -132,16 +135,27 @@ def panel(
     return p
 
 
+def row(title: str) -> dict[str, Any]:
+    """A row header: the panels after it, up to the next row, form one titled group."""
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
 def layout(panels: list[dict[str, Any]], columns: int = 2, height: int = 8) -> list[dict[str, Any]]:
+    """Panels ``columns`` to a line; a row header takes a line of its own."""
     width = 24 // columns
+    y, column = 0, 0
     for index, p in enumerate(panels):
         p["id"] = index + 1
-        p["gridPos"] = {
-            "h": height,
-            "w": width,
-            "x": (index % columns) * width,
-            "y": (index // columns) * height,
-        }
+        if p["type"] == "row":
+            if column:
+                y, column = y + height, 0
+            p["gridPos"] = {"h": 1, "w": 24, "x": 0, "y": y}
+            y += 1
+            continue
+        p["gridPos"] = {"h": height, "w": width, "x": column * width, "y": y}
+        column += 1
+        if column == columns:
+            y, column = y + height, 0
     return panels
 
 
@@ -305,6 +319,9 @@ def throughput() -> dict[str, Any]:
     r = "{{run}}"
     part = template_regex(M.TIME_PHASE, [], part="total")
     moves = template_regex(M.TIME_PHASE, [("part", "onload", "(onload|offload)")])
+    host_exec = template_regex(M.TIME_PHASE, [], part="execute")
+    gpu_exec = template_regex(M.TIME_PHASE_GPU, [], part="execute")
+    gpu_total = template_regex(M.TIME_PHASE_GPU, [], part="total")
     panels = [
         panel(
             "Tokens per second (system/tps)",
@@ -346,6 +363,24 @@ def throughput() -> dict[str, Any]:
                 (template_query(moves, ["phase", "part"]), f"{r} {{{{phase}}}} {{{{part}}}}"),
             ],
             "s",
+        ),
+        panel(
+            "Phase execute: host vs GPU, slowest rank",
+            [
+                (template_query(host_exec, ["phase"]), f"{r} {{{{phase}}}} host"),
+                (template_query(gpu_exec, ["phase"]), f"{r} {{{{phase}}}} GPU"),
+            ],
+            "s",
+            description="time/{cluster}/{phase}/execute (what the caller spent) beside "
+            "time/{cluster}/{phase}/gpu/execute (the stream's work between the phase's CUDA "
+            "events). The host runs ahead of the GPU: where they differ, the GPU time is where "
+            "the step goes.",
+        ),
+        panel(
+            "Phase GPU time (total), slowest rank",
+            [(template_query(gpu_total, ["phase"]), f"{r} {{{{phase}}}}")],
+            "s",
+            description="time/{cluster}/{phase}/gpu/total, max across ranks (absent without CUDA).",
         ),
     ]
     return dashboard(
@@ -406,6 +441,7 @@ def memory() -> dict[str, Any]:
             "bytes",
             description="Worker process rss and vms (psutil), max across ranks.",
         ),
+        *nvml_row(),
     ]
     return dashboard(
         "rlpulse-memory",
@@ -413,6 +449,46 @@ def memory() -> dict[str, Any]:
         "GPU and CPU memory at phase boundaries, per worker group, phase and device.",
         layout(panels),
     )
+
+
+def nvml_row() -> list[dict[str, Any]]:
+    """GPU state as the driver reports it (NVML, read by each worker's sender thread)."""
+    legend = "{{run}} {{phase}} gpu{{device}}"  # {{phase}} holds the worker group here
+    device = ("device_id", "7777", "([0-9]+)")
+
+    def nvml(title: str, template: Template, unit: str, description: str, **fixed: str) -> dict:
+        q = template_query(template_regex(template, [device], **fixed), ["phase", "device"])
+        return panel(title, [(q, legend)], unit, description=description)
+
+    return [
+        row("GPU, as the driver sees it (NVML)"),
+        nvml(
+            "GPU memory used, whole device",
+            M.GPU_DEVICE_MEMORY,
+            "bytes",
+            "Every process and CUDA context on the device, max over the step's readings; "
+            "compare with torch's reserved memory above to see what the allocator misses.",
+            stat="memory_used",
+        ),
+        nvml(
+            "GPU memory of the worker and its children",
+            M.GPU_DEVICE_MEMORY,
+            "bytes",
+            "This worker process and its child processes (a vLLM engine started by the "
+            "rollout worker counts under rollout). Absent where a PID namespace hides them.",
+            stat="memory_process",
+        ),
+        nvml(
+            "GPU utilization",
+            M.GPU_UTILIZATION,
+            "percentunit",
+            "Share of time a kernel ran, mean over the step's readings and ranks.",
+        ),
+        nvml("GPU power", M.GPU_POWER, "watt", "Board power draw, mean over the step."),
+        nvml(
+            "GPU temperature", M.GPU_TEMPERATURE, "celsius", "Core temperature, max over the step."
+        ),
+    ]
 
 
 def pipeline() -> dict[str, Any]:

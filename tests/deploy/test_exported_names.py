@@ -72,6 +72,14 @@ def whole_catalog(step: int) -> dict[str, Any]:
                         data[name] = 0.5 if stat.endswith("_frac") else 12.0
             for kind in M.MEMORY_CPU.choices["kind"]:
                 data[M.MEMORY_CPU.format(cluster=cluster, phase=phase, when=when, kind=kind)] = 3.0
+        for part in M.TIME_PHASE_GPU.choices["part"]:
+            data[M.TIME_PHASE_GPU.format(cluster=cluster, phase=phase, part=part)] = 0.7
+        for device in (0, 1):
+            for stat in M.GPU_DEVICE_MEMORY.choices["stat"]:
+                data[M.GPU_DEVICE_MEMORY.format(cluster=cluster, device_id=device, stat=stat)] = 9.0
+            for template, value in ((M.GPU_UTILIZATION, 0.8), (M.GPU_POWER, 350.0)):
+                data[template.format(cluster=cluster, device_id=device)] = value
+            data[M.GPU_TEMPERATURE.format(cluster=cluster, device_id=device)] = 61.0
     return data
 
 

@@ -77,14 +77,3 @@ def test_weighted_and_fraction() -> None:
 def test_invalid_values_name_the_problem(bad, message: str) -> None:
     with pytest.raises(InvalidValue, match=message):
         reduce_value(bad)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_tensor_is_reduced_on_the_device_without_a_sync() -> None:
-    values = torch.arange(1000, dtype=torch.float32, device="cuda")
-    mask = values % 2 == 0
-    pending = reduce_value(Masked(values, mask))
-    assert not isinstance(pending, tuple)  # resolved later, in the sender thread
-    s, w, mn, mx, nf = pending.resolve()
-    assert (s, w, mn, mx, nf) == (float(sum(range(0, 1000, 2))), 500.0, 0.0, 998.0, 0)

@@ -1,0 +1,491 @@
+"""GPU values and GPU timings without ever making the caller wait for the GPU.
+
+``log()`` must not synchronize with the device, yet the numbers it logs live there. The work
+is split across the two threads of a producer:
+
+* **In the caller** (``log()``, ``phase()``): a snapshot and a marker, nothing else. Tensors of
+  more than one element are copied on the caller's current stream (``clone``: one kernel, so a
+  later in-place update by the training loop cannot change what was logged); single numbers,
+  ``Weighted`` and ``Fraction`` parts are gathered into one ``stack`` per dtype. Then one event
+  is recorded on that stream. No reduction, no host copy, no ``.item()``: a few microseconds of
+  launches whatever is queued on the GPU.
+* **In the sender thread**: a side stream waits for the event (on the GPU, not the host),
+  reduces every snapshot in a handful of kernels (:func:`reduce_tensor`), copies the small
+  result into pinned memory asynchronously and records a second event. The sender polls that
+  event and encodes the entry once it has completed, keeping entries in order.
+
+Snapshots cost GPU memory until the sender reduces them (milliseconds). Past
+``snapshot_limit_bytes`` of outstanding snapshots a ``log()`` call reduces on the caller's
+stream instead (no copy, a dozen launches, still no synchronization).
+
+Everything CUDA-specific sits behind :class:`DeviceOps`, implemented for CUDA in
+``producer.cuda`` (events, streams, pinned copies); tests run the same pipeline on CPU tensors
+through a fake of it.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import numpy as np
+
+from producer.reduce import (
+    EMPTY,
+    InvalidValue,
+    State,
+    finish,
+    fraction_state,
+    scalar_state,
+    weighted_state,
+)
+from producer.reduce import scalar as host_scalar
+from producer.values import Fraction, Masked, Weighted
+
+SNAPSHOT_LIMIT_BYTES = 256 * 1024 * 1024
+"""Default bound on GPU memory held by snapshots the sender has not reduced yet."""
+
+
+def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
+    """``[sum, count, min, max, nonfinite]`` (float64, on the tensor's device) of the finite
+    samples of ``values`` (where ``mask`` is true). Queued kernels only: nothing is read back.
+    ``min``/``max`` are +inf/-inf when no sample is valid; ``values`` must not be empty."""
+    v = values.reshape(-1)
+    if not v.is_floating_point():
+        v = v.to(torch.float64)  # ints and bools: exact in float64, and inf representable
+    valid = torch.isfinite(v)
+    if mask is None:
+        nonfinite = v.numel() - valid.sum()
+    else:
+        m = mask.reshape(-1).to(torch.bool)
+        nonfinite = (m & ~valid).sum()
+        valid &= m
+    f64 = torch.float64
+    return torch.stack(
+        [
+            torch.where(valid, v, 0).sum(dtype=f64),
+            valid.sum().to(f64),
+            torch.where(valid, v, math.inf).amin().to(f64),
+            torch.where(valid, v, -math.inf).amax().to(f64),
+            nonfinite.to(f64),
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------- the device
+
+
+class Marker(Protocol):
+    """A point in a stream's work (a CUDA event)."""
+
+    def query(self) -> bool:
+        """Whether the device has passed this point (never waits)."""
+        ...
+
+    def seconds_until(self, later: Marker) -> float:
+        """Device time from this marker to ``later`` (both timing markers, both passed)."""
+        ...
+
+    def release(self) -> None:
+        """Done with it: the event may be recorded again."""
+        ...
+
+
+class DeviceOps(Protocol):
+    """What the pipeline needs from a device runtime."""
+
+    torch: Any
+
+    def owns(self, tensor: Any) -> bool:
+        """Whether ``tensor`` lives on a device whose values are deferred."""
+        ...
+
+    def current_device(self) -> Any | None:
+        """The caller's current device, or None if this process has not started using one."""
+        ...
+
+    def marker(self, device: Any, timing: bool = False) -> Marker:
+        """Record a marker on ``device``'s current stream."""
+        ...
+
+    def after(self, device: Any, marker: Marker) -> AbstractContextManager[object]:
+        """Run the enclosed kernels on a side stream of ``device`` once ``marker`` is passed."""
+        ...
+
+    def keep(self, tensor: Any, device: Any) -> None:
+        """``tensor`` is used on the side stream: its memory must outlive that use."""
+        ...
+
+    def to_host(self, tensor: Any) -> Any:
+        """Start an asynchronous copy into pinned host memory; valid once a later marker
+        on the same stream has passed."""
+        ...
+
+    def upload(self, array: np.ndarray, device: Any) -> Any:
+        """Host data to ``device`` without waiting (through pinned memory)."""
+        ...
+
+
+# ---------------------------------------------------------------------------- values
+
+
+class DeviceValue(Protocol):
+    """A logged value whose state is known once its batch is ready (sender thread)."""
+
+    def state(self) -> State: ...
+
+
+class _ArrayRef:
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: DeviceBatch, index: int) -> None:
+        self.batch, self.index = batch, index
+
+    def state(self) -> State:
+        s, w, mn, mx, nf = self.batch.row(self.index)
+        return finish(s, w, mn, mx, int(nf))
+
+
+class _ScalarRef:
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: DeviceBatch, index: int) -> None:
+        self.batch, self.index = batch, index
+
+    def number(self) -> float:
+        return self.batch.scalar(self.index)
+
+    def state(self) -> State:
+        return scalar_state(self.number())
+
+
+def _number(part: _ScalarRef | float) -> float:
+    return part.number() if isinstance(part, _ScalarRef) else part
+
+
+class _PairRef:
+    """``Weighted`` or ``Fraction`` with at least one part on the device."""
+
+    __slots__ = ("a", "b", "kind")
+
+    def __init__(self, kind: type, a: _ScalarRef | float, b: _ScalarRef | float) -> None:
+        self.kind, self.a, self.b = kind, a, b
+
+    def state(self) -> State:
+        a, b = _number(self.a), _number(self.b)
+        return weighted_state(a, b) if self.kind is Weighted else fraction_state(a, b)
+
+
+class GpuTime:
+    """Device time between two timing markers of a phase, in seconds."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: Marker, end: Marker) -> None:
+        self.start, self.end = start, end
+
+    def state(self) -> State:
+        return scalar_state(self.start.seconds_until(self.end))
+
+
+class PhaseTimer:
+    """Timing markers at a phase's boundaries on the caller's current stream, recorded in the
+    caller and read by the sender once the last one has passed (:class:`Pending`)."""
+
+    def __init__(self, ops: DeviceOps, device: Any) -> None:
+        self.ops, self.device = ops, device
+        self.marks: dict[str, Marker] = {"start": ops.marker(device, timing=True)}
+
+    def mark(self, point: str) -> None:
+        self.marks[point] = self.ops.marker(self.device, timing=True)
+
+    def times(self) -> dict[str, GpuTime]:
+        """Part -> device time: ``total``, ``execute``, and ``onload``/``offload`` when the
+        phase did them (points ``onloaded``, ``executed``, ``end``)."""
+        m = self.marks
+        loaded = m.get("onloaded", m["start"])
+        executed = m.get("executed", m["end"])
+        out = {"total": GpuTime(m["start"], m["end"]), "execute": GpuTime(loaded, executed)}
+        if "onloaded" in m:
+            out["onload"] = GpuTime(m["start"], loaded)
+        if "executed" in m:
+            out["offload"] = GpuTime(executed, m["end"])
+        return out
+
+    def launch(self) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return self.marks["end"].query()
+
+    def release(self) -> None:
+        for marker in self.marks.values():
+            marker.release()
+        self.marks = {}
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+class Pending(Protocol):
+    """Work a queued ``log()`` call waits for before the sender encodes it."""
+
+    def launch(self) -> None:
+        """Queue the remaining device work (sender thread, once)."""
+        ...
+
+    def ready(self) -> bool: ...
+
+    def release(self) -> None:
+        """The values were read: give back events and buffers."""
+        ...
+
+
+class _Known:
+    """A device value whose state needed no device work (an empty tensor)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: State) -> None:
+        self.value = value
+
+    def state(self) -> State:
+        return self.value
+
+
+class DeviceBatch:
+    """The device values of one ``log()`` call on one device: snapshotted in the caller,
+    reduced on a side stream by the sender.
+
+    The sender's result is one float64 vector: five numbers per array (see
+    :func:`reduce_tensor`), then every gathered single number, stack by stack.
+    """
+
+    def __init__(self, context: DeviceContext, device: Any) -> None:
+        self.context = context
+        self.device = device
+        self._arrays: list[Any] = []
+        """Per array: a snapshot ``(values, mask)`` to reduce, or its row, reduced inline."""
+        self._groups: dict[Any, list[Any]] = {}
+        self._slots: list[tuple[Any, int]] = []
+        self._stacks: list[Any] = []
+        self._scalar_at: list[int] = []
+        self._bytes = 0
+        self._marker: Marker | None = None
+        self._done: Marker | None = None
+        self._host: Any = None
+        self._numbers: np.ndarray | None = None
+
+    # ---- the caller's side
+
+    def add_array(self, values: Any, mask: Any | None) -> _ArrayRef | _Known:
+        ctx, torch = self.context, self.context.ops.torch
+        values = values.detach()
+        if mask is not None:
+            n = mask.numel() if isinstance(mask, torch.Tensor) else np.size(mask)
+            if n != values.numel():
+                raise InvalidValue(f"mask has {n} elements but values have {values.numel()}")
+        if values.numel() == 0:
+            return _Known(EMPTY)
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor):
+                mask = ctx.ops.upload(np.asarray(mask, dtype=bool).reshape(-1), values.device)
+            elif mask.device != values.device:
+                mask = ctx.move(mask.detach(), values.device)
+            else:
+                mask = mask.detach()
+        self._arrays.append(ctx.snapshot(values, mask, self))
+        return _ArrayRef(self, len(self._arrays) - 1)
+
+    def add_scalar(self, tensor: Any) -> _ScalarRef:
+        if tensor.numel() != 1:
+            raise InvalidValue(
+                f"a Weighted or Fraction part must be a single number, got a tensor of shape "
+                f"{tuple(tensor.shape)}"
+            )
+        group = self._groups.setdefault(tensor.dtype, [])
+        group.append(tensor.detach().reshape(()))
+        self._slots.append((tensor.dtype, len(group) - 1))
+        return _ScalarRef(self, len(self._slots) - 1)
+
+    def seal(self) -> None:
+        """Snapshot the gathered numbers (one ``stack`` per dtype) and mark the stream."""
+        torch = self.context.ops.torch
+        start, at = {}, 5 * len(self._arrays)
+        for dtype, group in self._groups.items():
+            start[dtype] = at
+            at += len(group)
+            self._stacks.append(torch.stack(group))
+        self._scalar_at = [start[dtype] + position for dtype, position in self._slots]
+        self._groups = {}
+        self._marker = self.context.ops.marker(self.device)
+
+    # ---- the sender's side
+
+    def launch(self) -> None:
+        ops, torch = self.context.ops, self.context.ops.torch
+        assert self._marker is not None, "launch() before seal()"
+        try:
+            with ops.after(self.device, self._marker):
+                parts = []
+                for item in self._arrays:
+                    if isinstance(item, tuple):
+                        values, mask = item
+                        ops.keep(values, self.device)
+                        if mask is not None:
+                            ops.keep(mask, self.device)
+                        parts.append(reduce_tensor(torch, values, mask))
+                    else:
+                        ops.keep(item, self.device)
+                        parts.append(item)
+                for stack in self._stacks:
+                    ops.keep(stack, self.device)
+                    parts.append(stack.to(torch.float64))
+                self._host = ops.to_host(torch.cat(parts) if len(parts) > 1 else parts[0])
+                self._done = ops.marker(self.device)
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Drop the snapshots (reduced, or never to be) and give their bytes back."""
+        self.context.released(self._bytes)
+        self._bytes = 0
+        self._arrays, self._stacks = [], []
+
+    def ready(self) -> bool:
+        return self._done is not None and self._done.query()
+
+    def release(self) -> None:
+        for marker in (self._marker, self._done):
+            if marker is not None:
+                marker.release()
+        self._marker = self._done = None
+
+    def _read(self) -> np.ndarray:
+        if self._numbers is None:
+            self._numbers = self._host.numpy()
+        return self._numbers
+
+    def row(self, index: int) -> list[float]:
+        return self._read()[5 * index : 5 * index + 5].tolist()
+
+    def scalar(self, index: int) -> float:
+        return float(self._read()[self._scalar_at[index]])
+
+
+class DeviceContext:
+    """A producer's device state: the ops, the snapshot budget, and the routing test
+    ``log()`` runs on every value that is not a plain number."""
+
+    def __init__(self, ops: DeviceOps, snapshot_limit_bytes: int = SNAPSHOT_LIMIT_BYTES) -> None:
+        self.ops = ops
+        self.limit = snapshot_limit_bytes
+        self._taken = 0  # written by callers only
+        self._given_back = 0  # written by the sender only
+
+    def owns(self, value: Any) -> bool:
+        """Whether ``value`` holds a tensor on the device (then :meth:`call` takes it)."""
+        torch, owns = self.ops.torch, self.ops.owns
+        if isinstance(value, torch.Tensor):
+            return owns(value)
+        if isinstance(value, Masked):
+            parts: tuple[Any, ...] = (value.values, value.mask)
+        elif isinstance(value, Weighted):
+            parts = (value.value, value.weight)
+        elif isinstance(value, Fraction):
+            parts = (value.numerator, value.denominator)
+        else:
+            return False
+        return any(isinstance(p, torch.Tensor) and owns(p) for p in parts)
+
+    def move(self, tensor: Any, device: Any) -> Any:
+        """A tensor onto ``device`` without waiting (host data through pinned memory)."""
+        if tensor.device.type == "cpu":
+            return self.ops.upload(tensor.numpy(), device)
+        return tensor.to(device, non_blocking=True)
+
+    def snapshot(self, values: Any, mask: Any | None, batch: DeviceBatch) -> Any:
+        """What the sender will reduce: copies of ``values`` (and ``mask``), or, past the
+        budget, the reduced row itself, queued on the caller's stream (no copy)."""
+        size = values.numel() * values.element_size()
+        if mask is not None:
+            size += mask.numel() * mask.element_size()
+        if self._taken - self._given_back + size > self.limit:
+            return reduce_tensor(self.ops.torch, values, mask)
+        self._taken += size
+        batch._bytes += size
+        return (values.clone(), None if mask is None else mask.clone())
+
+    def released(self, size: int) -> None:
+        self._given_back += size
+
+    def outstanding(self) -> int:
+        """Bytes of snapshots the sender has not reduced yet."""
+        return self._taken - self._given_back
+
+    def call(self) -> DeviceCall:
+        return DeviceCall(self)
+
+    def phase_timer(self) -> PhaseTimer | None:
+        """Timers for a phase on the current device; None when this process has not started
+        using the GPU (a phase must not be the thing that creates a CUDA context)."""
+        device = self.ops.current_device()
+        return None if device is None else PhaseTimer(self.ops, device)
+
+
+class DeviceCall:
+    """The device part of one ``log()`` call: a batch per device, sealed at the end."""
+
+    __slots__ = ("batches", "context")
+
+    def __init__(self, context: DeviceContext) -> None:
+        self.context = context
+        self.batches: dict[Any, DeviceBatch] = {}
+
+    def _batch(self, device: Any) -> DeviceBatch:
+        batch = self.batches.get(device)
+        if batch is None:
+            batch = self.batches[device] = DeviceBatch(self.context, device)
+        return batch
+
+    def _part(self, part: Any, what: str) -> _ScalarRef | float:
+        ops = self.context.ops
+        if isinstance(part, ops.torch.Tensor) and ops.owns(part):
+            return self._batch(part.device).add_scalar(part)
+        return host_scalar(part, what)
+
+    def add(self, value: Any) -> DeviceValue:
+        """Take one value :meth:`DeviceContext.owns`; raise InvalidValue as ``log()`` would."""
+        ops = self.context.ops
+        if isinstance(value, Weighted):
+            return _PairRef(
+                Weighted,
+                self._part(value.value, "Weighted value"),
+                self._part(value.weight, "Weighted weight"),
+            )
+        if isinstance(value, Fraction):
+            return _PairRef(
+                Fraction,
+                self._part(value.numerator, "Fraction numerator"),
+                self._part(value.denominator, "Fraction denominator"),
+            )
+        values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
+        if not (isinstance(values, ops.torch.Tensor) and ops.owns(values)):
+            # Only the mask is on the device: bring the values there.
+            values = self.context.move(ops.torch.as_tensor(np.asarray(values)), mask.device)
+        if values.numel() == 1 and mask is None:
+            return self._batch(values.device).add_scalar(values)
+        return self._batch(values.device).add_array(values, mask)
+
+    def abandon(self) -> None:
+        """The call failed half-way: give back what its snapshots took."""
+        for batch in self.batches.values():
+            batch.abandon()
+
+    def seal(self) -> tuple[DeviceBatch, ...]:
+        """Snapshot and mark every batch; the sender launches them (:class:`Pending`)."""
+        batches = tuple(self.batches.values())
+        for batch in batches:
+            batch.seal()
+        return batches

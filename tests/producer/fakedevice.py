@@ -1,0 +1,90 @@
+"""A stand-in for CUDA that runs ``producer.device``'s pipeline on CPU tensors.
+
+Every CPU tensor counts as "on the device". A held device passes no marker until the test
+releases it (``FakeOps.release``), as a GPU busy with queued work would; markers carry a fake
+device clock. So the tests can hold the "GPU" back and watch what the producer does meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from producer.device import DeviceContext
+
+
+class FakeMarker:
+    def __init__(self, ops: FakeOps, at: float) -> None:
+        self.ops = ops
+        self.at = at
+        self.released = False
+
+    def query(self) -> bool:
+        if self.ops.fail_query:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (fake)")
+        return not self.ops.held
+
+    def seconds_until(self, later: FakeMarker) -> float:  # type: ignore[override]
+        return later.at - self.at
+
+    def release(self) -> None:
+        self.released = True
+
+
+class FakeOps:
+    """:class:`producer.device.DeviceOps` over CPU tensors."""
+
+    torch = torch
+
+    def __init__(self, *, held: bool = False, initialized: bool = True) -> None:
+        self.recorded = 0
+        self.held = held
+        self.clock = 0.0
+        self.markers: list[FakeMarker] = []
+        self.side_runs = 0
+        self.kept: list[torch.Tensor] = []
+        self.fail_launch = False
+        self.fail_query = False
+        self.initialized = initialized
+
+    def owns(self, tensor: Any) -> bool:
+        return tensor.device.type == "cpu"
+
+    def current_device(self) -> Any:
+        return torch.device("cpu") if self.initialized else None
+
+    def marker(self, device: Any, timing: bool = False) -> FakeMarker:
+        marker = FakeMarker(self, self.clock)
+        self.recorded += 1
+        self.markers.append(marker)
+        return marker
+
+    @contextmanager
+    def after(self, device: Any, marker: Any) -> Iterator[object]:
+        if self.fail_launch:
+            raise RuntimeError("CUDA error: out of memory (fake)")
+        self.side_runs += 1
+        yield None
+
+    def keep(self, tensor: Any, device: Any) -> None:
+        self.kept.append(tensor)
+
+    def to_host(self, tensor: Any) -> Any:
+        return tensor.clone()
+
+    def upload(self, array: np.ndarray, device: Any) -> Any:
+        return torch.from_numpy(np.array(array))
+
+    def release(self) -> None:
+        """The device runs: every marker, recorded or to come, passes."""
+        self.held = False
+
+
+def fake_context(**kwargs: Any) -> tuple[DeviceContext, FakeOps]:
+    limit = kwargs.pop("snapshot_limit_bytes", 1 << 30)
+    ops = FakeOps(**kwargs)
+    return DeviceContext(ops, snapshot_limit_bytes=limit), ops
