@@ -8,6 +8,16 @@ sequence-level ones over sequences, clip fractions are numerator/denominator, co
 phase times and memory take the maximum across ranks (the step waits for the slowest rank,
 and the largest footprint is the one that runs out of memory), learning rates keep the last
 value. Memory is in GiB (bytes / 1024**3), as ROLL reports it.
+
+Each help text names its formula and the peer it follows: ROLL's where ROLL and verl differ
+(the names come from ROLL's metric reference), verl's for verl's own names. Loss statistics
+of an optimizer step are aggregated over the step's *global* mini-batch by ``ppo.loss_agg_mode``
+(token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm, the modes of
+verl's and ROLL's ``agg_loss``) or by the fixed mode the help names; every rank logs its term
+with its share of the denominator, so the pooled value is the global one, and a training step
+reports the mean over its optimizer steps, as ROLL does. Actor statistics are over the loss
+tokens, those of the samples that pass the validity filter (ROLL takes approxkl, policykl, the
+ratio and clipfrac over every response token, including samples its filters drop).
 """
 
 from __future__ import annotations
@@ -42,43 +52,72 @@ VAL_SCORE = _family(
 CRITIC_LR = Entry(
     "critic/lr", LAST, "1", "Critic optimizer learning rate (the same on every rank)."
 )
+_SEQ_MEAN = (
+    "per-sequence token mean, averaged over the sequences of the global mini-batch, then over "
+    "optimizer steps"
+)
 CRITIC_LOSS = Entry(
     "critic/loss",
     MEAN,
     "1",
-    "Value loss (clipped when value clipping is on), token-weighted across ranks.",
+    "Value loss 0.5 * max((v - R)^2, (v_clipped - R)^2), v_clipped within value_clip of the "
+    f"old value (0.5 * (v - R)^2 without value clipping): {_SEQ_MEAN}. ROLL's critic loss "
+    "(verl's critic/vf_loss is token-weighted by default); it is what the critic optimises.",
 )
 CRITIC_VALUE = Entry(
     "critic/value",
     MEAN,
     "1",
-    "Value predicted by the old critic when the batch was collected, token-weighted mean.",
+    "Value of the old critic (the values GAE used) at each response token: "
+    f"{_SEQ_MEAN}. ROLL's formula.",
 )
 CRITIC_VPRED = Entry(
-    "critic/vpred", MEAN, "1", "Value predicted by the critic being optimised, token-weighted mean."
+    "critic/vpred",
+    MEAN,
+    "1",
+    f"Value predicted by the critic being optimised: {_SEQ_MEAN}. ROLL's formula (verl's "
+    "critic/vpred_mean is token-weighted).",
 )
 CRITIC_CLIPFRAC = Entry(
     "critic/clipfrac",
     FRACTION,
     "ratio",
-    "Fraction of value tokens where the clipped value loss was the active branch "
-    "(0 when value clipping is off: unlike ROLL, never the loss).",
+    "Share of value tokens where the clipped term of the value loss was the larger (the "
+    f"active branch): {_SEQ_MEAN}. ROLL's formula; 0 when value clipping is off, where ROLL "
+    "reports the squared error under this name (a quirk not copied).",
 )
 CRITIC_ERROR = Entry(
     "critic/error",
     MEAN,
     "1",
-    "Squared error between predicted value and return, token-weighted mean.",
+    f"Squared error (v - R)^2 of the critic being optimised: {_SEQ_MEAN}. ROLL's formula.",
 )
 
 # Rewards and advantages
-CRITIC_SCORE = _family("critic/score", "score", "Raw environment/verifier score of one response.")
-CRITIC_REWARDS = _family(
-    "critic/rewards", "1", "Reward of one response after normalisation and clipping."
+CRITIC_SCORE = _family(
+    "critic/score", "score", "Raw environment/verifier score of one response (ROLL and verl)."
 )
-CRITIC_ADVANTAGES = _family("critic/advantages", "1", "Advantage of one valid response token.")
-CRITIC_RETURNS = _family("critic/returns", "1", "Return of one valid response token.")
-CRITIC_VALUES = _family("critic/values", "1", "Value estimate at one valid response token.")
+CRITIC_REWARDS = _family(
+    "critic/rewards",
+    "1",
+    "Reward that enters the advantage, for one non-empty response: the sum of its token-level "
+    "rewards, i.e. its score after batch normalisation (unbiased std) and clipping, minus "
+    "kl_coef times its summed k1 KL to the reference when ppo.kl_placement is reward. ROLL and "
+    "verl both report token_level_rewards.sum(-1), after the KL penalty.",
+)
+CRITIC_ADVANTAGES = _family(
+    "critic/advantages",
+    "1",
+    "Advantage of one response token (after whitening); pooled over tokens (ROLL and verl).",
+)
+CRITIC_RETURNS = _family(
+    "critic/returns", "1", "Return of one response token; pooled over tokens (ROLL and verl)."
+)
+CRITIC_VALUES = _family(
+    "critic/values",
+    "1",
+    "Old critic's value at one response token; pooled over tokens (ROLL and verl).",
+)
 RESPONSE_LENGTH = _family(
     "tokens/response_length", "tokens", "Length of one generated response in tokens."
 )
@@ -86,100 +125,87 @@ PROMPT_LENGTH = _family("tokens/prompt_length", "tokens", "Length of one prompt 
 
 # Policy
 ACTOR_LR = Entry("actor/lr", LAST, "1", "Actor optimizer learning rate (the same on every rank).")
+_TOKEN_MEAN = (
+    "token mean over the loss tokens of the global mini-batch whatever ppo.loss_agg_mode, then "
+    "mean over optimizer steps"
+)
+_BY_MODE = (
+    "aggregated by ppo.loss_agg_mode over the global mini-batch, then mean over optimizer steps"
+)
 ACTOR_PPO_RATIO_HIGH_CLIPFRAC = Entry(
     "actor/ppo_ratio_high_clipfrac",
     FRACTION,
     "ratio",
-    "Fraction of response tokens whose ratio exceeds 1 + clip_high.",
+    f"Share of loss tokens whose ratio exp(logp - logp_old) exceeds 1 + clip_high: {_TOKEN_MEAN} "
+    "(ROLL).",
 )
 ACTOR_PPO_RATIO_LOW_CLIPFRAC = Entry(
     "actor/ppo_ratio_low_clipfrac",
     FRACTION,
     "ratio",
-    "Fraction of response tokens whose ratio is below 1 - clip_low.",
+    f"Share of loss tokens whose ratio is below 1 - clip_low: {_TOKEN_MEAN} (ROLL).",
 )
 ACTOR_PPO_RATIO_CLIPFRAC = Entry(
     "actor/ppo_ratio_clipfrac",
     FRACTION,
     "ratio",
-    "Fraction of response tokens whose ratio is outside [1 - clip_low, 1 + clip_high].",
+    "Share of loss tokens whose ratio is outside [1 - clip_low, 1 + clip_high]: "
+    f"{_TOKEN_MEAN} (ROLL).",
 )
 ACTOR_RATIO = _family(
     "actor/ratio",
     "ratio",
-    "Importance ratio exp(logp - logp_old) of one response token.",
+    "Importance ratio exp(logp - logp_old) of the loss tokens. _mean: per-sequence token mean, "
+    "averaged over the sequences of the global mini-batch, then over optimizer steps (ROLL's "
+    "seq-mean-token-mean, whatever ppo.loss_agg_mode); _max and _min: over every loss token.",
     UNDERSCORE,
 )
 ACTOR_CLIPFRAC = Entry(
     "actor/clipfrac",
     FRACTION,
     "ratio",
-    "Fraction of response tokens where the clipped surrogate was the active branch.",
+    "Share of the policy loss's weight on tokens where the clipped surrogate was the active "
+    "branch (clip(r) * A < r * A), following ppo.loss_agg_mode: tokens weigh equally under "
+    "token-mean and the two token-sum modes, sequences under seq-mean-token-mean; then mean "
+    "over optimizer steps. ROLL's value under token-mean and seq-mean-token-mean; under the "
+    "token-sum modes ROLL's is a count of clipped tokens per sequence, not a fraction.",
+)
+ACTOR_PG_CLIPFRAC_LOWER = Entry(
+    "actor/pg_clipfrac_lower",
+    FRACTION,
+    "ratio",
+    "Share of loss tokens where the dual clip was active (A < 0 and the clipped loss above "
+    f"-clip_ratio_c * A): {_TOKEN_MEAN}. verl's formula; 0 when ppo.clip_ratio_c is null.",
 )
 ACTOR_KL_LOSS = Entry(
     "actor/kl_loss",
     MEAN,
     "nats",
-    "KL penalty to the reference policy (k3 estimator), token-weighted mean.",
+    "KL to the reference policy, k3 = exp(r) - r - 1 with r = logp_ref - logp, clamped to "
+    f"[-10, 10] per token (ROLL's compute_approx_kl k3, verl's low_var_kl): {_BY_MODE} (ROLL). "
+    "Measured whether or not the KL is in the loss.",
 )
 ACTOR_TOTAL_LOSS = Entry(
     "actor/total_loss",
     MEAN,
     "1",
-    "The loss back-propagated: policy-gradient loss plus the KL and entropy terms.",
+    "The loss back-propagated: actor/weighted_pg_loss + kl_coef * k3 (with ppo.kl_placement "
+    "loss) - entropy_coef * entropy + sft_loss_coef * NLL of positive samples, per token, "
+    f"{_BY_MODE} (ROLL).",
 )
 ACTOR_APPROXKL = Entry(
     "actor/approxkl",
     MEAN,
     "nats",
-    "Approximate KL to the old policy, 0.5 * (logp - logp_old)^2, token-weighted mean.",
+    "Approximate KL of the current to the old policy, 0.5 * (logp - logp_old)^2 per token "
+    f"(ROLL's mse estimator): {_BY_MODE} (ROLL).",
 )
 ACTOR_POLICYKL = Entry(
     "actor/policykl",
     MEAN,
     "nats",
-    "KL to the old policy estimated as logp_old - logp, token-weighted mean.",
-)
-
-TIME_PHASE_GPU = Template(
-    "time/{cluster}/{phase}/gpu/{part}",
-    MAX,
-    "s",
-    "GPU seconds of a phase on the rank's current CUDA stream, between CUDA events recorded at "
-    "the phase boundaries (start, after onload, before offload, end): the work the phase "
-    "queued, which host time misses when the GPU runs behind the host. Read off the caller's "
-    "thread, without synchronizing; the maximum across ranks. Absent without CUDA.",
-    choices={"part": ("total", "execute", "onload", "offload")},
-)
-GPU_DEVICE_MEMORY = Template(
-    "gpu/{cluster}/{device_id}/{stat}",
-    MAX,
-    "GiB",
-    "GPU memory as the driver reports it (NVML), read by the worker's sender thread at phase "
-    "ends and every gpu_sample_s: memory_used is the whole device (CUDA contexts and other "
-    "processes included), memory_total its capacity, memory_process this worker and its child "
-    "processes (a vLLM engine started by the rollout worker counts here). The maximum over "
-    "the step's readings and across ranks.",
-    choices={"stat": ("memory_used", "memory_total", "memory_process")},
-)
-GPU_UTILIZATION = Template(
-    "gpu/{cluster}/{device_id}/utilization",
-    MEAN,
-    "ratio",
-    "Share of the last sample period in which a kernel ran on the device (NVML utilization), "
-    "averaged over the step's readings and across ranks.",
-)
-GPU_POWER = Template(
-    "gpu/{cluster}/{device_id}/power",
-    MEAN,
-    "W",
-    "Board power draw (NVML), averaged over the step's readings and across ranks.",
-)
-GPU_TEMPERATURE = Template(
-    "gpu/{cluster}/{device_id}/temperature",
-    MAX,
-    "celsius",
-    "GPU core temperature (NVML), the maximum over the step's readings and across ranks.",
+    "KL of the current to the old policy estimated as logp - logp_old per token (ROLL's k1 "
+    f"'kl' estimator; verl's actor/ppo_kl is its negative): {_BY_MODE} (ROLL).",
 )
 
 # Evaluation views of the batch
@@ -187,32 +213,45 @@ CRITIC_REF_LOG_PROB = Entry(
     "critic/ref_log_prob",
     MEAN,
     "nats",
-    "Reference model log-probability per response token.",
+    "Reference model log-probability per response token; pooled over tokens (ROLL).",
     outputs=(Stat.MEAN,),
 )
 CRITIC_OLD_LOG_PROB = Entry(
     "critic/old_log_prob",
     MEAN,
     "nats",
-    "Old (pre-update) policy log-probability per response token.",
+    "Old (pre-update) policy log-probability per response token; pooled over tokens (ROLL).",
     outputs=(Stat.MEAN,),
 )
 CRITIC_ENTROPY = Entry(
-    "critic/entropy", MEAN, "nats", "Policy entropy per response token.", outputs=(Stat.MEAN,)
+    "critic/entropy",
+    MEAN,
+    "nats",
+    "Old policy's entropy per response token; pooled over tokens (ROLL's token-mean).",
+    outputs=(Stat.MEAN,),
 )
 CRITIC_REWARD_CLIP_FRAC = Entry(
-    "critic/reward_clip_frac", FRACTION, "ratio", "Fraction of rewards changed by reward clipping."
+    "critic/reward_clip_frac",
+    FRACTION,
+    "ratio",
+    "Share of responses whose normalised reward was changed by reward clipping (ROLL).",
 )
 
 # PPO losses and sample accounting
 ACTOR_PG_LOSS = Entry(
-    "actor/pg_loss", MEAN, "1", "Clipped policy-gradient loss, token-weighted across ranks."
+    "actor/pg_loss",
+    MEAN,
+    "1",
+    "Clipped policy-gradient loss -min(r * A, clip(r) * A) per token, capped at "
+    "-clip_ratio_c * A where A < 0 (dual clip), without sample weights: "
+    f"{_BY_MODE} (ROLL and verl agg_loss).",
 )
 ACTOR_WEIGHTED_PG_LOSS = Entry(
     "actor/weighted_pg_loss",
     MEAN,
     "1",
-    "Policy-gradient loss with each sample scaled by its sample weight, token-weighted.",
+    "actor/pg_loss with each sample's tokens scaled by its sample weight (ROLL's agg_loss "
+    f"weights): {_BY_MODE}. The policy-gradient term that is back-propagated.",
 )
 ACTOR_VALID_SAMPLES = Entry(
     "actor/valid_samples",
@@ -235,19 +274,24 @@ ACTOR_SAMPLE_WEIGHTS = _family(
 
 # SFT losses
 ACTOR_SFT_LOSS = Entry(
-    "actor/sft_loss", MEAN, "nats", "Negative log-likelihood on all SFT tokens, token-weighted."
+    "actor/sft_loss",
+    MEAN,
+    "nats",
+    "Negative log-likelihood of the current policy on all loss tokens, pooled over the tokens "
+    "of every optimizer step (ROLL names it without a formula; the standard SFT token mean).",
 )
 ACTOR_POSITIVE_SFT_LOSS = Entry(
     "actor/positive_sft_loss",
     MEAN,
     "nats",
-    "Negative log-likelihood on tokens of positively rewarded samples, token-weighted.",
+    "actor/sft_loss on tokens of positively rewarded samples (normalised reward above 0), "
+    "pooled over tokens.",
 )
 ACTOR_NEGATIVE_SFT_LOSS = Entry(
     "actor/negative_sft_loss",
     MEAN,
     "nats",
-    "Negative log-likelihood on tokens of non-positively rewarded samples, token-weighted.",
+    "actor/sft_loss on tokens of the other samples, pooled over tokens.",
 )
 
 # System throughput: producers log the step's tokens and samples, the collector derives the rest.
@@ -351,6 +395,47 @@ MEMORY_CPU = Template(
     choices={"when": ("start", "end"), "kind": ("rss", "vms")},
 )
 
+TIME_PHASE_GPU = Template(
+    "time/{cluster}/{phase}/gpu/{part}",
+    MAX,
+    "s",
+    "GPU seconds of a phase on the rank's current CUDA stream, between CUDA events recorded at "
+    "the phase boundaries (start, after onload, before offload, end): the work the phase "
+    "queued, which host time misses when the GPU runs behind the host. Read off the caller's "
+    "thread, without synchronizing; the maximum across ranks. Absent without CUDA.",
+    choices={"part": ("total", "execute", "onload", "offload")},
+)
+GPU_DEVICE_MEMORY = Template(
+    "gpu/{cluster}/{device_id}/{stat}",
+    MAX,
+    "GiB",
+    "GPU memory as the driver reports it (NVML), read by the worker's sender thread at phase "
+    "ends and every gpu_sample_s: memory_used is the whole device (CUDA contexts and other "
+    "processes included), memory_total its capacity, memory_process this worker and its child "
+    "processes (a vLLM engine started by the rollout worker counts here). The maximum over "
+    "the step's readings and across ranks.",
+    choices={"stat": ("memory_used", "memory_total", "memory_process")},
+)
+GPU_UTILIZATION = Template(
+    "gpu/{cluster}/{device_id}/utilization",
+    MEAN,
+    "ratio",
+    "Share of the last sample period in which a kernel ran on the device (NVML utilization), "
+    "averaged over the step's readings and across ranks.",
+)
+GPU_POWER = Template(
+    "gpu/{cluster}/{device_id}/power",
+    MEAN,
+    "W",
+    "Board power draw (NVML), averaged over the step's readings and across ranks.",
+)
+GPU_TEMPERATURE = Template(
+    "gpu/{cluster}/{device_id}/temperature",
+    MAX,
+    "celsius",
+    "GPU core temperature (NVML), the maximum over the step's readings and across ranks.",
+)
+
 # Evaluation views (emitted by trainer/)
 VAL_ACCURACY = Entry(
     "val/accuracy",
@@ -395,8 +480,10 @@ ACTOR_REF_KL = Entry(
     "actor/ref_kl",
     MEAN,
     "nats",
-    "KL of the rollout (old) policy to the reference, logp_old - logp_ref per response token, "
-    "token-weighted mean: the adaptive KL controller's input.",
+    "KL of the rollout (old) policy to the reference, k1 = logp_old - logp_ref per response "
+    "token: per-response token mean, averaged over non-empty responses (the mean of "
+    "per-sequence means both verl and ROLL feed their KL controller, logged there as "
+    "actor/reward_kl_penalty and critic/kl): the adaptive KL controller's input.",
 )
 
 ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))

@@ -1,7 +1,14 @@
 """The driver's advantage stage (``time/adv``): rewards, KL shaping, advantages, validity.
 
 Runs on the whole batch in one place, so batch statistics (reward normalisation, advantage
-whitening, GRPO groups) are global, not per rank.
+whitening, GRPO groups) are global, not per rank. The maths are pure functions; standard
+deviations are the unbiased (Bessel-corrected) ones, as verl (``torch.std`` in
+``compute_grpo_outcome_advantage``) and ROLL (``reward_norm``, ``masked_whiten``) use.
+
+>>> import torch
+>>> m = torch.tensor([[1.0, 1.0, 0.0]])
+>>> gae(torch.tensor([[0.0, 1.0, 0.0]]), torch.zeros(1, 3), m, gamma=1.0, lam=1.0).advantages
+tensor([[1., 1., 0.]])
 """
 
 from __future__ import annotations
@@ -16,13 +23,129 @@ from trainer import ppo
 from trainer.batch import RolloutBatch
 from trainer.config import PPOConfig
 
+# ---------------------------------------------------------------------------------------------
+# Rewards
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Per-sample rewards after normalisation and clipping, and which ones were clipped."""
+
+    rewards: Tensor
+    clipped: Tensor
+
+
+def normalize_rewards(
+    scores: Tensor, mode: str, clip: float | None, eps: float = 1e-6
+) -> RewardResult:
+    """``mode='batch'`` standardises the scores over the batch, ``(s - mean) / (std + eps)``
+    with the unbiased std (ROLL's ``reward_norm``); then values outside ``[-clip, clip]`` are
+    clipped. All-equal scores, or a single one, standardise to zeros."""
+    rewards = scores.float()
+    if mode == "batch":
+        std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+        rewards = (rewards - rewards.mean()) / (std + eps)
+    elif mode != "none":
+        raise ValueError(f"unknown reward normalisation {mode!r}")
+    if clip is None:
+        return RewardResult(rewards, torch.zeros_like(rewards, dtype=torch.bool))
+    clipped = rewards.abs() > clip
+    return RewardResult(rewards.clamp(-clip, clip), clipped)
+
+
+def token_level_rewards(
+    rewards: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0
+) -> Tensor:
+    """The sequence reward on each response's last token, minus ``kl_coef * kl`` on every
+    token (the KL penalty in the reward, as in RLHF PPO)."""
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    out = torch.zeros_like(mask, dtype=torch.float32)
+    rows = torch.arange(mask.shape[0])
+    out[rows, last] = rewards.float() * (mask.sum(-1) > 0)
+    if kl is not None and kl_coef:
+        out = out - kl_coef * kl * mask
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages
+
+
+@dataclass(frozen=True)
+class Advantages:
+    advantages: Tensor
+    returns: Tensor
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Advantages:
+    """Generalised advantage estimation over right-padded responses.
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t`` with ``V`` taken as 0 after a response's last
+    token; ``A_t = delta_t + gamma * lam * A_{t+1}``; returns are ``A + V``.
+    """
+    batch, width = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros(batch, dtype=rewards.dtype)
+    for t in reversed(range(width)):
+        if t + 1 < width:
+            keep = mask[:, t + 1]
+            next_value = values[:, t + 1] * keep
+        else:
+            keep = torch.zeros(batch, dtype=rewards.dtype)
+            next_value = keep
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running * keep
+        advantages[:, t] = running
+    advantages = advantages * mask
+    return Advantages(advantages, (advantages + values) * mask)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Shift and scale the masked elements to mean 0 and unbiased variance 1 (ROLL's
+    ``masked_whiten`` with ``masked_var(unbiased=True)``). With fewer than two masked elements
+    the variance is undefined and ``x`` comes back unscaled, as ROLL then skips whitening."""
+    n = mask.sum()
+    if n < 2:
+        return x * mask
+    mean = ppo.masked_sum(x, mask) / n
+    var = ppo.masked_sum((x - mean) ** 2, mask) / (n - 1)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def grpo_advantages(scores: Tensor, group_size: int, mask: Tensor, eps: float = 1e-6) -> Advantages:
+    """Group-normalised advantages: each response's score standardised within its group of
+    ``group_size`` consecutive samples (same prompt) with the unbiased std, ``(s - mean) /
+    (std + eps)`` (verl's ``compute_grpo_outcome_advantage``, ROLL's group ``reward_norm``),
+    broadcast to its tokens. The returns are the advantages (there is no critic)."""
+    groups = scores.float().view(-1, group_size)
+    mean = groups.mean(-1, keepdim=True)
+    std = groups.std(-1, keepdim=True)
+    per_sample = ((groups - mean) / (std + eps)).view(-1)
+    advantages = per_sample.unsqueeze(-1) * mask
+    return Advantages(advantages, advantages.clone())
+
+
+def uniform_groups(scores: Tensor, group_size: int) -> Tensor:
+    """Per sample: True when every response in its group has the same score (no signal)."""
+    groups = scores.float().view(-1, group_size)
+    same = (groups.max(-1).values - groups.min(-1).values) == 0
+    return same.repeat_interleave(group_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+
 
 @dataclass(frozen=True)
 class AdvantageResult:
     batch: RolloutBatch
     reward_clipped: Tensor
+    sequence_rewards: Tensor
+    """Per sample, the sum of its token-level rewards: the reward that enters the advantage,
+    after normalisation, clipping and (with ``kl_placement: reward``) the KL penalty."""
     ref_kl: float
-    """Mean per-token KL (k1) of the old policy to the reference: the KL controller's input."""
+    """KL (k1) of the old policy to the reference, averaged per response, then over responses
+    with at least one token: the KL controller's input."""
 
 
 def validity(
@@ -35,7 +158,7 @@ def validity(
     if cfg.drop_truncated:
         valid &= ~truncated
     if cfg.algorithm == "grpo" and cfg.drop_uniform_groups:
-        valid &= ~ppo.uniform_groups(scores, group_size)
+        valid &= ~uniform_groups(scores, group_size)
     return valid
 
 
@@ -53,18 +176,20 @@ def compute_advantages(
     assert batch.scores is not None and batch.old_log_probs is not None
     assert batch.ref_log_probs is not None
     mask = batch.response_mask
-    rewards = ppo.normalize_rewards(batch.scores, cfg.reward_norm, cfg.reward_clip)
+    rewards = normalize_rewards(batch.scores, cfg.reward_norm, cfg.reward_clip)
     kl = ppo.kl_k1(batch.old_log_probs, batch.ref_log_probs)
-    ref_kl = float(ppo.masked_mean(kl, mask))
+    # Both peers feed the controller the mean of per-sequence means (verl apply_kl_penalty,
+    # ROLL apply_kl_penalty / compute_token_reward).
+    ref_kl = float(ppo.agg(kl, mask, ppo.SEQ_MEAN, ppo.AggScale.of(mask)))
+    shaped_kl = kl if cfg.kl_placement == "reward" else None
+    token_rewards = token_level_rewards(rewards.rewards, mask, shaped_kl, kl_coef)
     if cfg.algorithm == "grpo":
-        adv = ppo.grpo_advantages(rewards.rewards, group_size, mask)
+        adv = grpo_advantages(rewards.rewards, group_size, mask)
     else:
         assert batch.values is not None
-        shaped_kl = kl if cfg.kl_placement == "reward" else None
-        token_rewards = ppo.token_level_rewards(rewards.rewards, mask, shaped_kl, kl_coef)
-        adv = ppo.gae(token_rewards, batch.values, mask, cfg.gamma, cfg.lam)
+        adv = gae(token_rewards, batch.values, mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
             # Whiten over the tokens that will be trained on, so their advantages are centred.
-            adv = ppo.Advantages(ppo.masked_whiten(adv.advantages, batch.loss_mask), adv.returns)
+            adv = Advantages(masked_whiten(adv.advantages, batch.loss_mask), adv.returns)
     out = batch.replace(rewards=rewards.rewards, advantages=adv.advantages, returns=adv.returns)
-    return AdvantageResult(out, rewards.clipped, ref_kl)
+    return AdvantageResult(out, rewards.clipped, token_rewards.sum(-1), ref_kl)

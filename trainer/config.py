@@ -21,6 +21,12 @@ import yaml
 
 from collector.errors import ConfigError  # one error type for every config file
 
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+"""The loss aggregation modes verl and ROLL offer (their ``loss_agg_mode``)."""
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+
 
 def _require(ok: bool, name: str, problem: str, value: Any) -> None:
     if not ok:
@@ -146,6 +152,19 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip bound (Ye et al. 2020; verl's ``clip_ratio_c`` and its default): with a
+    negative advantage the policy loss of a token is capped at ``-clip_ratio_c * A``. Must be
+    above 1; null turns the dual clip off."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How the actor's per-token losses become one number, as in verl and ROLL:
+    ``token-mean`` (over the mini-batch's loss tokens), ``seq-mean-token-sum`` (per-sequence
+    sums, averaged over sequences), ``seq-mean-token-mean`` (per-sequence means, averaged over
+    sequences) or ``seq-mean-token-sum-norm`` (the sum over the mini-batch divided by
+    ``loss_scale_factor``; no mean over sequences, Dr. GRPO)."""
+    loss_scale_factor: float | None = None
+    """The divisor of ``seq-mean-token-sum-norm``; null uses the response width (the rollout's
+    ``max_new_tokens``), as verl and ROLL do."""
     value_clip: float | None = 0.2
     """Value clipping range around the old values; null turns value clipping off."""
     gamma: float = 1.0
@@ -184,6 +203,24 @@ class PPOConfig:
                 getattr(self, name) > 0, f"ppo.{name}", "must be positive", getattr(self, name)
             )
         _require(self.clip_low < 1, "ppo.clip_low", "must be below 1", self.clip_low)
+        _require(
+            self.clip_ratio_c is None or self.clip_ratio_c > 1,
+            "ppo.clip_ratio_c",
+            "must be above 1 or null",
+            self.clip_ratio_c,
+        )
+        _require(
+            self.loss_agg_mode in LOSS_AGG_MODES,
+            "ppo.loss_agg_mode",
+            f"must be one of {', '.join(LOSS_AGG_MODES)}",
+            self.loss_agg_mode,
+        )
+        _require(
+            self.loss_scale_factor is None or self.loss_scale_factor > 0,
+            "ppo.loss_scale_factor",
+            "must be positive or null",
+            self.loss_scale_factor,
+        )
         _require(
             self.value_clip is None or self.value_clip > 0,
             "ppo.value_clip",

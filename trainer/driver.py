@@ -170,7 +170,7 @@ class Driver:
         # 9. The driver's own metrics, then close the step everywhere.
         self.producer.log(
             {
-                **emit.batch_data(batch, adv.reward_clipped, correct, adv.ref_kl, kl_coef),
+                **emit.batch_data(adv, correct, kl_coef),
                 **emit.stage_times(times),
             },
             step,
@@ -182,12 +182,12 @@ class Driver:
         self.result.steps = step + 1
         self.result.train_scores.append(score_mean)
         self.result.kl_coef = self.kl.coef
-        tokens = sum(o["tokens"] for o in actor_out)
+        steps = actor_out[0]["optimizer_steps"]  # the same on every rank
         summary.update(
             score=score_mean,
             kl=adv.ref_kl,
             kl_coef=kl_coef,
-            pg_loss=sum(o["pg_loss_sum"] for o in actor_out) / max(tokens, 1.0),
+            pg_loss=sum(o["pg_loss_part"] for o in actor_out) / max(steps, 1.0),
         )
         return summary
 

@@ -1,9 +1,11 @@
 """Stats objects -> ``{catalog name: producer value}``: the one place the trainer names metrics.
 
-Token-level means travel as :class:`~producer.Weighted` (a rank's mean with its token count),
-per-token samples as :class:`~producer.Masked` (mean, max and min pool exactly), clip
-fractions as masked booleans or :class:`~producer.Fraction`. Names come from
-:mod:`schemas.metrics`, never from string literals.
+Loss statistics (:class:`trainer.ppo.Aggregate`) travel as :class:`~producer.Weighted`: a
+rank's own value with its share of the mini-batch's denominator, which pools to the global
+value per optimizer step and to the mean over optimizer steps. Per-token samples travel as
+:class:`~producer.Masked` (mean, max and min pool exactly), counts of items as
+:class:`~producer.Fraction`. Names come from :mod:`schemas.metrics`, never from string
+literals.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 from torch import Tensor
 
 from producer import Fraction, Masked, Weighted
+from schemas import Stat
 from schemas import metrics as m
 from trainer import ppo
+from trainer.advantage import AdvantageResult
 from trainer.batch import RolloutBatch
 
 Metrics = dict[str, Any]
@@ -24,20 +28,24 @@ Metrics = dict[str, Any]
 
 def policy_step(stats: ppo.PolicyStats, sft: ppo.SFTStats) -> Metrics:
     """One optimizer step of the actor on one rank."""
-    n = stats.n_tokens
-    mask = stats.mask
+    ratio = m.ACTOR_RATIO.output_names()
     return {
-        m.ACTOR_PG_LOSS.name: Weighted(stats.pg_loss, n),
-        m.ACTOR_WEIGHTED_PG_LOSS.name: Weighted(stats.weighted_pg_loss, n),
-        m.ACTOR_KL_LOSS.name: Weighted(stats.kl_loss, n),
-        m.ACTOR_TOTAL_LOSS.name: Weighted(stats.total_loss, n),
-        m.ACTOR_APPROXKL.name: Weighted(stats.approxkl, n),
-        m.ACTOR_POLICYKL.name: Weighted(stats.policykl, n),
-        m.ACTOR_RATIO.name: Masked(stats.ratio, mask),
-        m.ACTOR_PPO_RATIO_HIGH_CLIPFRAC.name: Masked(stats.high_clipped, mask),
-        m.ACTOR_PPO_RATIO_LOW_CLIPFRAC.name: Masked(stats.low_clipped, mask),
-        m.ACTOR_PPO_RATIO_CLIPFRAC.name: Masked(stats.ratio_clipped, mask),
-        m.ACTOR_CLIPFRAC.name: Masked(stats.surrogate_clipped, mask),
+        m.ACTOR_PG_LOSS.name: _weighted(stats.pg_loss),
+        m.ACTOR_WEIGHTED_PG_LOSS.name: _weighted(stats.weighted_pg_loss),
+        m.ACTOR_KL_LOSS.name: _weighted(stats.kl_loss),
+        m.ACTOR_TOTAL_LOSS.name: _weighted(stats.total_loss),
+        m.ACTOR_APPROXKL.name: _weighted(stats.approxkl),
+        m.ACTOR_POLICYKL.name: _weighted(stats.policykl),
+        # The ratio's mean is per sequence (ROLL) while its extremes are over tokens: each
+        # output is logged on its own and merges by its own statistic.
+        ratio[Stat.MEAN]: _weighted(stats.ratio_mean),
+        ratio[Stat.MAX]: Masked(stats.ratio, stats.mask),
+        ratio[Stat.MIN]: Masked(stats.ratio, stats.mask),
+        m.ACTOR_PPO_RATIO_HIGH_CLIPFRAC.name: _weighted(stats.ppo_ratio_high_clipfrac),
+        m.ACTOR_PPO_RATIO_LOW_CLIPFRAC.name: _weighted(stats.ppo_ratio_low_clipfrac),
+        m.ACTOR_PPO_RATIO_CLIPFRAC.name: _weighted(stats.ppo_ratio_clipfrac),
+        m.ACTOR_CLIPFRAC.name: _weighted(stats.clipfrac),
+        m.ACTOR_PG_CLIPFRAC_LOWER.name: _weighted(stats.pg_clipfrac_lower),
         m.ACTOR_SFT_LOSS.name: Weighted(_mean(sft.nll_sum, sft.n_tokens), sft.n_tokens),
         m.ACTOR_POSITIVE_SFT_LOSS.name: Weighted(
             _mean(sft.positive_sum, sft.positive_tokens), sft.positive_tokens
@@ -81,34 +89,35 @@ def values(v: Tensor, response_mask: Tensor) -> Metrics:
 
 
 def value_step(stats: ppo.ValueStats) -> Metrics:
-    n = stats.n_tokens
+    """One optimizer step of the critic."""
     return {
-        m.CRITIC_LOSS.name: Weighted(stats.loss, n),
-        m.CRITIC_ERROR.name: Weighted(stats.error, n),
-        m.CRITIC_VPRED.name: Weighted(stats.vpred, n),
-        m.CRITIC_VALUE.name: Weighted(stats.value, n),
-        m.CRITIC_CLIPFRAC.name: Masked(stats.clipped, stats.mask),
+        m.CRITIC_LOSS.name: _weighted(stats.loss),
+        m.CRITIC_ERROR.name: _weighted(stats.error),
+        m.CRITIC_VPRED.name: _weighted(stats.vpred),
+        m.CRITIC_VALUE.name: _weighted(stats.value),
+        m.CRITIC_CLIPFRAC.name: _weighted(stats.clipfrac),
     }
 
 
-def batch_data(
-    batch: RolloutBatch, reward_clipped: Tensor, correct: Tensor, ref_kl: float, kl_coef: float
-) -> Metrics:
+def batch_data(adv: AdvantageResult, correct: Tensor, kl_coef: float) -> Metrics:
     """The driver's batch-level view of the data after the advantage stage."""
-    assert batch.scores is not None and batch.rewards is not None
+    batch = adv.batch
+    assert batch.scores is not None
     assert batch.advantages is not None and batch.returns is not None
     mask = batch.response_mask.bool()
-    n_tokens = int(mask.sum())
+    answered = batch.response_lengths > 0
+    clipped = adv.reward_clipped
     return {
         m.CRITIC_SCORE.name: batch.scores,
-        m.CRITIC_REWARDS.name: batch.rewards,
-        m.CRITIC_REWARD_CLIP_FRAC.name: Fraction(int(reward_clipped.sum()), reward_clipped.numel()),
+        # Empty responses have no token to carry a reward: they enter no advantage.
+        m.CRITIC_REWARDS.name: Masked(adv.sequence_rewards, answered),
+        m.CRITIC_REWARD_CLIP_FRAC.name: Fraction(int(clipped.sum()), clipped.numel()),
         m.CRITIC_ADVANTAGES.name: Masked(batch.advantages, mask),
         m.CRITIC_RETURNS.name: Masked(batch.returns, mask),
         m.RESPONSE_LENGTH.name: batch.response_lengths,
         m.PROMPT_LENGTH.name: batch.prompt_lengths,
         m.CRITIC_ACCURACY.name: Fraction(int(correct.sum()), correct.numel()),
-        m.ACTOR_REF_KL.name: Weighted(ref_kl, n_tokens),
+        m.ACTOR_REF_KL.name: Weighted(adv.ref_kl, int(answered.sum())),
         m.ACTOR_KL_COEF.name: kl_coef,
     }
 
@@ -146,3 +155,9 @@ def stage_times(times: dict[str, float]) -> Metrics:
 
 def _mean(total: float, count: int) -> float:
     return total / count if count else 0.0
+
+
+def _weighted(a: ppo.Aggregate) -> Weighted:
+    """A rank's term of a global aggregate as the producer value that pools it exactly: its
+    own value weighted by its share (see :mod:`trainer.ppo`)."""
+    return Weighted(a.value, a.share)

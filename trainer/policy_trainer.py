@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from trainer import ppo
 from trainer.batch import RolloutBatch
-from trainer.comm import Comm, all_reduce_gradients, global_count
+from trainer.comm import Comm, all_reduce_gradients
 from trainer.config import PPOConfig
 from trainer.model import entropy_from_logits, response_logits, token_log_probs
 
@@ -80,10 +80,10 @@ class PolicyTrainer:
         for _ in range(cfg.epochs):
             for mb in shard.split(cfg.mini_batches):
                 mask = mb.loss_mask.to(device)
-                # Every rank divides by the global token count of this mini-batch, so the
-                # all-reduced (summed) gradient is the gradient of the global token mean.
-                n_global = global_count(mask.sum().item(), self.comm)
-                if n_global == 0:
+                # Every rank divides by the global counts of this mini-batch, so the
+                # all-reduced (summed) gradient is the gradient of the global loss.
+                scale = ppo.AggScale.of(mask, cfg.loss_scale_factor, self.comm.all_reduce_sum)
+                if scale.tokens == 0:
                     continue  # the same decision on every rank: nothing valid to learn from
                 ids, attn, tokens = _on(mb, device)
                 logits = response_logits(self.model, ids, attn, mb.prompt_width)
@@ -100,7 +100,9 @@ class PolicyTrainer:
                     mask,
                     clip_low=cfg.clip_low,
                     clip_high=cfg.clip_high,
-                    normaliser=n_global,
+                    scale=scale,
+                    mode=cfg.loss_agg_mode,
+                    clip_ratio_c=cfg.clip_ratio_c,
                     sample_weights=None
                     if mb.sample_weights is None
                     else mb.sample_weights.to(device),

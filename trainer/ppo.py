@@ -1,25 +1,42 @@
-"""PPO and GRPO maths as pure functions over tensors. No models, no I/O, no globals.
+"""PPO losses, KL estimators and loss aggregation as pure functions. No models, no I/O.
 
-Shapes: ``(B, T)`` per response token with a 0/1 ``mask``; ``(B,)`` per sample. Losses come
-back with the scalar to back-propagate *and* a stats object of detached tensors, from which
-the workers log token-level means together with their token counts (so ranks pool exactly).
+Shapes: ``(B, T)`` per response token with a 0/1 ``mask``; ``(B,)`` per sample. The reward and
+advantage maths lives in :mod:`trainer.advantage`.
 
-The loss to back-propagate is ``sum(token_loss * mask) / normaliser``. Data-parallel ranks
-pass the *global* token count of the mini-batch as ``normaliser``; the sum of their gradients
-(the all-reduce) is then exactly the gradient of the global token mean.
+**Aggregation.** A loss over a mini-batch is one of the four ``loss_agg_mode`` reductions that
+verl (``core_algos.agg_loss``) and ROLL (``functionals.agg_loss``) offer, taken over the
+*global* mini-batch: each data-parallel rank computes its own term with the global
+denominators (:class:`AggScale`), so the all-reduced (summed) gradient is the gradient of the
+global loss whatever the number of ranks.
 
->>> import torch
->>> m = torch.tensor([[1.0, 1.0, 0.0]])
->>> gae(torch.tensor([[0.0, 1.0, 0.0]]), torch.zeros(1, 3), m, gamma=1.0, lam=1.0).advantages
-tensor([[1., 1., 0.]])
+**Statistics.** Every statistic comes back as an :class:`Aggregate`: this rank's term of the
+global value and its share of the denominator. Logged as ``Weighted(part / share, share)``, the
+collector's pooled mean over ranks is the global value of the mini-batch, and over K optimizer
+steps the mean of their K global values, which is what ROLL reports (it sums the ranks' terms
+of each step and divides by the number of steps). Nothing is a mean of per-rank means.
+
+>>> m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+>>> x = torch.tensor([[1.0, 3.0, 9.0], [5.0, 9.0, 9.0]])
+>>> scale = AggScale.of(m)
+>>> modes = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+>>> [float(agg(x, m, mode, scale)) for mode in modes]
+[3.0, 4.5, 3.5, 3.0]
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from trainer.config import LossAggMode
+
+KL_CLAMP = 10.0
+"""The k3 estimate is clamped to [-10, 10] per token, as both verl and ROLL do."""
+SEQ_MEAN: LossAggMode = "seq-mean-token-mean"
+TOKEN_MEAN: LossAggMode = "token-mean"
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
@@ -31,105 +48,111 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_sum(x, mask) / mask.sum().clamp(min=1)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """Shift and scale the masked elements to mean 0, std 1 (population std)."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    return (x - mean) * torch.rsqrt(var + eps) * mask
-
-
 # ---------------------------------------------------------------------------------------------
-# Rewards
+# Aggregation
 
 
 @dataclass(frozen=True)
-class RewardResult:
-    """Per-sample rewards after normalisation and clipping, and which ones were clipped."""
+class AggScale:
+    """The global denominators of one mini-batch, the same on every rank: its loss tokens, its
+    sequences with at least one loss token, and the divisor of ``seq-mean-token-sum-norm``.
 
-    rewards: Tensor
-    clipped: Tensor
-
-
-def normalize_rewards(
-    scores: Tensor, mode: str, clip: float | None, eps: float = 1e-6
-) -> RewardResult:
-    """``mode='batch'`` standardises the scores over the batch; then values outside
-    ``[-clip, clip]`` are clipped. A batch with all-equal scores standardises to zeros."""
-    rewards = scores.float()
-    if mode == "batch":
-        rewards = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + eps)
-    elif mode != "none":
-        raise ValueError(f"unknown reward normalisation {mode!r}")
-    if clip is None:
-        return RewardResult(rewards, torch.zeros_like(rewards, dtype=torch.bool))
-    clipped = rewards.abs() > clip
-    return RewardResult(rewards.clamp(-clip, clip), clipped)
-
-
-def token_level_rewards(
-    rewards: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0
-) -> Tensor:
-    """The sequence reward on each response's last token, minus ``kl_coef * kl`` on every
-    token (the KL penalty in the reward, as in RLHF PPO)."""
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
-    out = torch.zeros_like(mask, dtype=torch.float32)
-    rows = torch.arange(mask.shape[0])
-    out[rows, last] = rewards.float() * (mask.sum(-1) > 0)
-    if kl is not None and kl_coef:
-        out = out - kl_coef * kl * mask
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Advantages
-
-
-@dataclass(frozen=True)
-class Advantages:
-    advantages: Tensor
-    returns: Tensor
-
-
-def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Advantages:
-    """Generalised advantage estimation over right-padded responses.
-
-    ``delta_t = r_t + gamma * V_{t+1} - V_t`` with ``V`` taken as 0 after a response's last
-    token; ``A_t = delta_t + gamma * lam * A_{t+1}``; returns are ``A + V``.
+    >>> AggScale.of(torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]))
+    AggScale(tokens=3.0, seqs=2.0, norm=2.0)
     """
-    batch, width = rewards.shape
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros(batch, dtype=rewards.dtype)
-    for t in reversed(range(width)):
-        if t + 1 < width:
-            keep = mask[:, t + 1]
-            next_value = values[:, t + 1] * keep
-        else:
-            keep = torch.zeros(batch, dtype=rewards.dtype)
-            next_value = keep
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running * keep
-        advantages[:, t] = running
-    advantages = advantages * mask
-    return Advantages(advantages, (advantages + values) * mask)
+
+    tokens: float
+    seqs: float
+    norm: float
+
+    @classmethod
+    def of(
+        cls,
+        mask: Tensor,
+        norm: float | None = None,
+        all_reduce: Callable[[Tensor], None] | None = None,
+    ) -> AggScale:
+        """Count ``mask``'s tokens and sequences, summed over ranks by ``all_reduce`` (in
+        place, as ``Comm.all_reduce_sum``) when given. ``norm=None`` takes the response width,
+        which is the same on every rank (every shard is cut from one padded batch)."""
+        counts = torch.stack([mask.sum(), (mask.sum(-1) > 0).sum()]).to(torch.float64)
+        if all_reduce is not None:
+            all_reduce(counts)
+        tokens, seqs = counts.tolist()
+        return cls(tokens, seqs, float(mask.shape[-1]) if norm is None else float(norm))
 
 
-def grpo_advantages(scores: Tensor, group_size: int, mask: Tensor, eps: float = 1e-6) -> Advantages:
-    """Group-normalised advantages: each response's score standardised within its group of
-    ``group_size`` consecutive samples (same prompt), broadcast to its tokens. The returns are
-    the advantages (there is no critic)."""
-    groups = scores.float().view(-1, group_size)
-    mean = groups.mean(-1, keepdim=True)
-    std = groups.std(-1, unbiased=False, keepdim=True)
-    per_sample = ((groups - mean) / (std + eps)).view(-1)
-    advantages = per_sample.unsqueeze(-1) * mask
-    return Advantages(advantages, advantages.clone())
+@dataclass(frozen=True)
+class Aggregate:
+    """One rank's term of a statistic aggregated over a global mini-batch.
+
+    ``part`` summed over the ranks is the global value; ``share`` is this rank's share of the
+    denominator (its tokens, or its sequences, over the global count), summing to 1.
+
+    >>> Aggregate(part=0.25, share=0.5).value  # this rank's own mean
+    0.5
+    """
+
+    part: float
+    share: float
+
+    @property
+    def value(self) -> float:
+        """This rank's own aggregate (its part over its share); 0 when it has no share."""
+        return self.part / self.share if self.share > 0 else 0.0
 
 
-def uniform_groups(scores: Tensor, group_size: int) -> Tensor:
-    """Per sample: True when every response in its group has the same score (no signal)."""
-    groups = scores.float().view(-1, group_size)
-    same = (groups.max(-1).values - groups.min(-1).values) == 0
-    return same.repeat_interleave(group_size)
+def _over(x: Tensor, denominator: float) -> Tensor:
+    return x / denominator if denominator > 0 else x * 0.0
+
+
+def agg(x: Tensor, mask: Tensor, mode: str, scale: AggScale) -> Tensor:
+    """This rank's term of ``x`` aggregated over the global mini-batch by ``mode`` (a tensor
+    that keeps the graph). With ``m`` the mask, sums over this rank's rows:
+
+    * ``token-mean``: ``sum(x*m) / tokens``;
+    * ``seq-mean-token-sum``: ``sum_i sum_t(x*m) / seqs``;
+    * ``seq-mean-token-mean``: ``sum_i [sum_t(x*m) / sum_t(m)] / seqs``;
+    * ``seq-mean-token-sum-norm``: ``sum(x*m) / norm`` (no mean over sequences, as in verl
+      and ROLL: "turns off seq-dim averaging").
+
+    Sequences without a masked token contribute nothing and are not counted.
+    """
+    if mode == "token-mean":
+        return _over(masked_sum(x, mask), scale.tokens)
+    if mode == "seq-mean-token-sum":
+        return _over(masked_sum(x, mask), scale.seqs)
+    if mode == "seq-mean-token-mean":
+        per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return _over(per_seq.sum(), scale.seqs)
+    if mode == "seq-mean-token-sum-norm":
+        return _over(masked_sum(x, mask), scale.norm)
+    raise ValueError(f"unknown loss aggregation mode {mode!r}")
+
+
+def share(mask: Tensor, mode: str, scale: AggScale) -> float:
+    """This rank's share of ``mode``'s denominator: its sequences under the two sequence-mean
+    modes, its tokens otherwise (the token-sum-norm divisor is a constant; tokens split it)."""
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        mine = float((mask.sum(-1) > 0).sum())
+        return mine / scale.seqs if scale.seqs > 0 else 0.0
+    mine = float(mask.sum())
+    return mine / scale.tokens if scale.tokens > 0 else 0.0
+
+
+@torch.no_grad()
+def aggregate(x: Tensor, mask: Tensor, mode: str, scale: AggScale) -> Aggregate:
+    """:func:`agg` as a detached statistic, with this rank's share."""
+    return Aggregate(float(agg(x.detach(), mask, mode, scale)), share(mask, mode, scale))
+
+
+def fraction_mode(mode: str) -> LossAggMode:
+    """How a clip fraction is weighted under a loss mode: as the loss weighs its tokens, so the
+    fraction is the share of the loss's weight on flagged tokens. Every token weighs the same
+    under ``token-mean``, ``seq-mean-token-sum`` and ``seq-mean-token-sum-norm``; every
+    sequence under ``seq-mean-token-mean``. (ROLL aggregates the flags with the mode itself,
+    which under the two token-sum modes is a count per sequence, not a fraction.)"""
+    return SEQ_MEAN if mode == SEQ_MEAN else TOKEN_MEAN
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,9 +165,11 @@ def kl_k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
 
 
 def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
-    """exp(r) - r - 1 with r = log p_ref - log p: non-negative, low-variance KL estimate."""
+    """exp(r) - r - 1 with r = log p_ref - log p, clamped to [-10, 10] as verl (``kl_penalty``,
+    ``low_var_kl``) and ROLL (``compute_approx_kl``, ``k3``) do: non-negative, low variance,
+    and one outlier token cannot dominate the mean."""
     r = ref_log_probs - log_probs
-    return torch.exp(r) - r - 1
+    return (torch.exp(r) - r - 1).clamp(-KL_CLAMP, KL_CLAMP)
 
 
 @dataclass(frozen=True)
@@ -154,7 +179,7 @@ class AdaptiveKLController:
     ``coef <- coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon)``, capped at
     ``coef_max``. With ``target_kl=None`` the coefficient stays fixed.
 
-    >>> AdaptiveKLController(0.1, 0.05, 10, 1.0).update(0.1, n_steps=5).coef
+    >>> round(AdaptiveKLController(0.1, 0.05, 10, 1.0).update(0.1, n_steps=5).coef, 6)
     0.11
     """
 
@@ -179,26 +204,24 @@ class AdaptiveKLController:
 
 @dataclass(frozen=True)
 class PolicyStats:
-    """Detached per-token statistics of one policy-loss evaluation on one rank.
-
-    Means are over this rank's ``n_tokens`` loss tokens; the boolean tensors are per token and
-    are read together with ``mask``.
-    """
+    """The statistics of one policy-loss evaluation on one rank (see the catalog's help for
+    each metric's formula). ``ratio`` and ``mask`` give the extremes of the ratio."""
 
     n_tokens: int
-    pg_loss: float
-    weighted_pg_loss: float
-    kl_loss: float
-    entropy: float
-    approxkl: float
-    policykl: float
-    total_loss: float
-    mask: Tensor
+    pg_loss: Aggregate
+    weighted_pg_loss: Aggregate
+    kl_loss: Aggregate
+    total_loss: Aggregate
+    approxkl: Aggregate
+    policykl: Aggregate
+    clipfrac: Aggregate
+    ratio_mean: Aggregate
+    ppo_ratio_high_clipfrac: Aggregate
+    ppo_ratio_low_clipfrac: Aggregate
+    ppo_ratio_clipfrac: Aggregate
+    pg_clipfrac_lower: Aggregate
     ratio: Tensor
-    high_clipped: Tensor
-    low_clipped: Tensor
-    ratio_clipped: Tensor
-    surrogate_clipped: Tensor
+    mask: Tensor
 
 
 @dataclass(frozen=True)
@@ -215,7 +238,9 @@ def policy_loss(
     *,
     clip_low: float,
     clip_high: float,
-    normaliser: float,
+    scale: AggScale,
+    mode: str = TOKEN_MEAN,
+    clip_ratio_c: float | None = None,
     sample_weights: Tensor | None = None,
     ref_log_probs: Tensor | None = None,
     kl_coef: float = 0.0,
@@ -225,8 +250,10 @@ def policy_loss(
     sft_coef: float = 0.0,
 ) -> PolicyLoss:
     """Clipped surrogate with separate low and high clip ranges (ratio in
-    ``[1 - clip_low, 1 + clip_high]``), plus optional terms:
+    ``[1 - clip_low, 1 + clip_high]``), aggregated by ``mode`` over the global mini-batch of
+    ``scale``, plus optional terms (each aggregated the same way):
 
+    * dual clip: with ``A < 0`` the token loss is capped at ``-clip_ratio_c * A``;
     * ``kl_coef * k3(log_probs, ref_log_probs)``: the KL penalty in the loss;
     * ``- entropy_coef * entropy``: an entropy bonus;
     * ``sft_coef * sft_nll``: an NLL term on the tokens the caller selected (positives).
@@ -235,13 +262,18 @@ def policy_loss(
     which is what is back-propagated); ``pg_loss`` is reported unweighted. The KL is always
     measured when ``ref_log_probs`` is given, even with ``kl_coef=0``.
     """
-    mask = mask.float()
+    mask = mask.to(log_probs.dtype)
     log_ratio = log_probs - old_log_probs
     ratio = torch.exp(log_ratio)
     surrogate = ratio * advantages
-    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    clipped_surrogate = clipped_ratio * advantages
+    clipped_surrogate = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     pg_tokens = -torch.min(surrogate, clipped_surrogate)
+    dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        # A negative advantage with a huge ratio would make an unbounded loss: cap it.
+        bound = -clip_ratio_c * advantages
+        dual_clipped = (advantages < 0) & (pg_tokens > bound)
+        pg_tokens = torch.where(advantages < 0, torch.minimum(pg_tokens, bound), pg_tokens)
     weights = torch.ones_like(mask) if sample_weights is None else sample_weights.unsqueeze(-1)
     weighted_pg_tokens = pg_tokens * weights
 
@@ -250,29 +282,36 @@ def policy_loss(
     if ref_log_probs is not None:
         kl_tokens = kl_k3(log_probs, ref_log_probs)
         total_tokens = total_tokens + kl_coef * kl_tokens
-    entropy_tokens = torch.zeros_like(log_probs) if entropy is None else entropy
-    total_tokens = total_tokens - entropy_coef * entropy_tokens
+    if entropy is not None:
+        total_tokens = total_tokens - entropy_coef * entropy
     if sft_nll is not None:
         total_tokens = total_tokens + sft_coef * sft_nll
 
-    loss = masked_sum(total_tokens, mask) / normaliser
+    loss = agg(total_tokens, mask, mode, scale)
     with torch.no_grad():
+        high = (ratio > 1.0 + clip_high).to(mask.dtype)
+        low = (ratio < 1.0 - clip_low).to(mask.dtype)
+
+        def by_mode(x: Tensor, how: str = mode) -> Aggregate:
+            return aggregate(x, mask, how, scale)
+
         stats = PolicyStats(
             n_tokens=int(mask.sum().item()),
-            pg_loss=float(masked_mean(pg_tokens, mask)),
-            weighted_pg_loss=float(masked_mean(weighted_pg_tokens, mask)),
-            kl_loss=float(masked_mean(kl_tokens, mask)),
-            entropy=float(masked_mean(entropy_tokens, mask)),
-            approxkl=float(masked_mean(0.5 * log_ratio**2, mask)),
-            policykl=float(masked_mean(-log_ratio, mask)),
-            total_loss=float(masked_mean(total_tokens, mask)),
-            mask=mask.detach().bool(),
-            ratio=ratio.detach(),
-            high_clipped=(ratio > 1.0 + clip_high).detach(),
-            low_clipped=(ratio < 1.0 - clip_low).detach(),
-            ratio_clipped=((ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)).detach(),
+            pg_loss=by_mode(pg_tokens),
+            weighted_pg_loss=by_mode(weighted_pg_tokens),
+            kl_loss=by_mode(kl_tokens),
+            total_loss=by_mode(total_tokens),
+            approxkl=by_mode(0.5 * log_ratio**2),
+            policykl=by_mode(log_ratio),
             # The clipped branch is active where it is strictly the smaller surrogate.
-            surrogate_clipped=(clipped_surrogate < surrogate).detach(),
+            clipfrac=by_mode((clipped_surrogate < surrogate).to(mask.dtype), fraction_mode(mode)),
+            ratio_mean=by_mode(ratio, SEQ_MEAN),
+            ppo_ratio_high_clipfrac=by_mode(high, TOKEN_MEAN),
+            ppo_ratio_low_clipfrac=by_mode(low, TOKEN_MEAN),
+            ppo_ratio_clipfrac=by_mode(high + low, TOKEN_MEAN),
+            pg_clipfrac_lower=by_mode(dual_clipped.to(mask.dtype), TOKEN_MEAN),
+            ratio=ratio.detach(),
+            mask=mask.detach().bool(),
         )
     return PolicyLoss(loss, stats)
 
@@ -309,15 +348,20 @@ def sft_stats(nll: Tensor, mask: Tensor, positive: Tensor) -> SFTStats:
 # Value loss
 
 
+VALUE_MODE: LossAggMode = SEQ_MEAN
+"""The critic's aggregation, loss and statistics alike: per-sequence token means averaged over
+sequences, as ROLL's critic computes ``critic/loss``, ``value``, ``vpred``, ``error`` and
+``clipfrac``."""
+
+
 @dataclass(frozen=True)
 class ValueStats:
     n_tokens: int
-    loss: float
-    error: float
-    vpred: float
-    value: float
-    mask: Tensor
-    clipped: Tensor
+    loss: Aggregate
+    error: Aggregate
+    vpred: Aggregate
+    value: Aggregate
+    clipfrac: Aggregate
 
 
 @dataclass(frozen=True)
@@ -333,33 +377,32 @@ def value_loss(
     mask: Tensor,
     *,
     clip: float | None,
-    normaliser: float,
+    scale: AggScale,
 ) -> ValueLoss:
     """``0.5 * max((v - R)^2, (v_clipped - R)^2)`` with ``v_clipped`` kept within ``clip`` of
-    the old value; ``clipped`` marks tokens where the clipped term was the larger (the active
-    branch). Without clipping the loss is ``0.5 * (v - R)^2`` and nothing is clipped.
-    ``error`` is the unclipped squared error."""
-    mask = mask.float()
+    the old value, aggregated by :data:`VALUE_MODE`; ``clipfrac`` counts tokens where the
+    clipped term was the larger (the active branch). Without clipping the loss is
+    ``0.5 * (v - R)^2`` and nothing is clipped. ``error`` is the unclipped squared error."""
+    mask = mask.to(vpred.dtype)
     error_tokens = (vpred - returns) ** 2
     if clip is None:
         loss_tokens = 0.5 * error_tokens
-        clipped = torch.zeros_like(mask, dtype=torch.bool)
+        clipped = torch.zeros_like(mask)
     else:
         # clamp with bounds, not old + clamp(v - old): inside the range it must return v
         # itself, or rounding makes the two errors differ and noise counts as clipping.
         v_clipped = torch.clamp(vpred, min=old_values - clip, max=old_values + clip)
         clipped_error = (v_clipped - returns) ** 2
         loss_tokens = 0.5 * torch.max(error_tokens, clipped_error)
-        clipped = (clipped_error > error_tokens).detach()
-    loss = masked_sum(loss_tokens, mask) / normaliser
+        clipped = (clipped_error > error_tokens).to(mask.dtype)
+    loss = agg(loss_tokens, mask, VALUE_MODE, scale)
     with torch.no_grad():
         stats = ValueStats(
             n_tokens=int(mask.sum().item()),
-            loss=float(masked_mean(loss_tokens, mask)),
-            error=float(masked_mean(error_tokens, mask)),
-            vpred=float(masked_mean(vpred, mask)),
-            value=float(masked_mean(old_values, mask)),
-            mask=mask.detach().bool(),
-            clipped=clipped,
+            loss=aggregate(loss_tokens, mask, VALUE_MODE, scale),
+            error=aggregate(error_tokens, mask, VALUE_MODE, scale),
+            vpred=aggregate(vpred, mask, VALUE_MODE, scale),
+            value=aggregate(old_values, mask, VALUE_MODE, scale),
+            clipfrac=aggregate(clipped, mask, VALUE_MODE, scale),
         )
     return ValueLoss(loss, stats)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from trainer import ppo
 from trainer.batch import RolloutBatch
-from trainer.comm import Comm, all_reduce_gradients, global_count
+from trainer.comm import Comm, all_reduce_gradients
 from trainer.config import PPOConfig
 from trainer.model import ValueModel, response_values
 
@@ -43,7 +43,9 @@ class ValueTrainer:
         ).cpu()
 
     def train(self, shard: RolloutBatch) -> ValueTrainResult:
-        """Regress values on the returns for ``cfg.epochs`` over ``cfg.mini_batches``."""
+        """Regress values on the returns for ``cfg.epochs`` over ``cfg.mini_batches``; the
+        loss is per-sequence token means averaged over the global mini-batch's sequences
+        (:data:`trainer.ppo.VALUE_MODE`)."""
         cfg = self.cfg
         assert shard.values is not None and shard.returns is not None
         self.model.train()
@@ -52,8 +54,8 @@ class ValueTrainer:
         for _ in range(cfg.epochs):
             for mb in shard.split(cfg.mini_batches):
                 mask = mb.loss_mask.to(dev)
-                n_global = global_count(mask.sum().item(), self.comm)
-                if n_global == 0:
+                scale = ppo.AggScale.of(mask, all_reduce=self.comm.all_reduce_sum)
+                if scale.tokens == 0:
                     continue
                 vpred = response_values(
                     self.model, mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.prompt_width
@@ -64,7 +66,7 @@ class ValueTrainer:
                     mb.returns.to(dev),
                     mask,
                     clip=cfg.value_clip,
-                    normaliser=n_global,
+                    scale=scale,
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()

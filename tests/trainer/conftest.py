@@ -1,12 +1,20 @@
-"""Shared fixtures for the trainer tests: a tiny config, tokenizer, task and a filled batch."""
+"""Shared fixtures for the trainer tests: a tiny config, tokenizer, task and a filled batch;
+in-process ranks, and the collector's merge of what they log."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
 
+from collector.aggregator import Aggregator
+from producer.reduce import reduce_value
+from schemas import Summary
+from schemas import protocol as P
+from schemas.record import StepRecord
+from tests.collector.helpers import hello, metrics
 from trainer.advantage import compute_advantages, sample_weights, validity
 from trainer.batch import RolloutBatch
 from trainer.config import ModelConfig, PPOConfig, TrainerConfig
@@ -44,6 +52,25 @@ class ThreadComm:
 
     def close(self) -> None:
         return None
+
+
+def collect(calls: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """One step's record as the collector emits it: ``calls[r]`` are rank r's ``log()``
+    calls, each reduced as a producer reduces it and merged by the collector's aggregator."""
+    records: list[StepRecord] = []
+    agg = Aggregator(records.append, grace_s=30.0, liveness_s=10.0)
+    world = len(calls)
+    for r in range(world):
+        agg.handle(hello(100 + r, rank=r, ws=world), 0.0)
+    for r, rank in enumerate(calls):
+        for call in rank:
+            states = {name: Summary(*reduce_value(v)[:4]) for name, v in call.items()}
+            agg.handle(metrics(100 + r, 0, states), 0.0)
+        agg.handle(P.Done(100 + r, 2, 0), 0.0)
+    agg.poll(0.0)
+    (record,) = records
+    assert not record.partial and record.ranks == world and not record.nonfinite
+    return dict(record.metrics)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,20 @@ def test_overrides_and_config_errors_name_the_field() -> None:
     assert err.value.field == "ppo.kl_placement"
 
 
+def test_loss_mode_dual_clip_and_scale_are_validated() -> None:
+    cfg = load_config(None, ["ppo.loss_agg_mode=seq-mean-token-sum-norm", "ppo.clip_ratio_c=null"])
+    assert cfg.ppo.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.ppo.clip_ratio_c is None
+    assert load_config(None).ppo.clip_ratio_c == 3.0  # verl's default: the dual clip is on
+    for bad, field in (
+        ("ppo.loss_agg_mode=seq-mean", "ppo.loss_agg_mode"),
+        ("ppo.clip_ratio_c=1.0", "ppo.clip_ratio_c"),
+        ("ppo.loss_scale_factor=0", "ppo.loss_scale_factor"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [bad])
+        assert err.value.field == field
+
+
 def test_shards_partition_every_global_mini_batch() -> None:
     idx = [shard_indices(12, r, 3, 2) for r in range(3)]
     assert sorted(torch.cat(idx).tolist()) == list(range(12))

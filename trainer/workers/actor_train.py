@@ -62,10 +62,11 @@ class ActorTrainWorker(Worker):
         for stats, sft in zip(result.policy, result.sft, strict=True):
             self.producer.log(emit.policy_step(stats, sft), step)
         self.producer.log(emit.policy_shard(shard, result.lr), step)
-        n = sum(s.n_tokens for s in result.policy)
+        # This rank's terms of each optimizer step's global pg_loss: summed over ranks and
+        # divided by the number of steps, the mean over steps that actor/pg_loss reports.
         return {
-            "tokens": float(n),
-            "pg_loss_sum": sum(s.pg_loss * s.n_tokens for s in result.policy),
+            "optimizer_steps": float(len(result.policy)),
+            "pg_loss_part": sum(s.pg_loss.part for s in result.policy),
         }
 
     def export_weights(self, step: int) -> dict[str, torch.Tensor]:

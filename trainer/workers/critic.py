@@ -43,8 +43,10 @@ class CriticWorker(Worker):
         for stats in result.stats:
             self.producer.log(emit.value_step(stats), step)
         self.producer.log({emit.m.CRITIC_LR.name: result.lr}, step)
-        n = sum(s.n_tokens for s in result.stats)
-        return {"tokens": float(n), "loss_sum": sum(s.loss * s.n_tokens for s in result.stats)}
+        return {
+            "optimizer_steps": float(len(result.stats)),
+            "loss_part": sum(s.loss.part for s in result.stats),
+        }
 
     def checkpoint(self, step: int, directory: str) -> str:
         out = Path(directory) / "critic"
