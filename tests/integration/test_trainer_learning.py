@@ -1,4 +1,5 @@
-"""Learning: a short seeded PPO run raises the held-out validation score (minutes: slow)."""
+"""Learning: a short seeded PPO run raises the held-out validation score by at least 0.2
+(about a minute on 2 CPU cores, several when they are busy: slow)."""
 
 from __future__ import annotations
 
@@ -48,4 +49,4 @@ def test_ppo_raises_the_validation_score(tmp_path: Path) -> None:
     assert [s for s, _ in val] == [0, 10, 20, STEPS - 1]
     start, end = val[0][1], val[-1][1]
     print(f"val/score/mean by step: {val}")
-    assert end > start + 0.05, val
+    assert end >= start + 0.2, val
