@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import load_snapshot, summarize, write_json
+from producer.config import ProducerConfig
 
 N = 1_000_000
 PAUSE_S = 0.002
@@ -94,7 +95,9 @@ def cpu_section(calls: int, tmp: Path) -> dict[str, Any]:
         return np.isfinite(s).all(), s.sum(dtype=np.float64), s.min(), s.max()
 
     collector = _collector(tmp)
-    p = Producer(collector.address, run="bench", role="actor_train", gpu_sample_s=0)
+    p = Producer(
+        collector.address, run="bench", role="actor_train", config=ProducerConfig(gpu_sample_s=0)
+    )
     step = iter(range(10**9))
     res = interleave(
         {
@@ -138,9 +141,10 @@ def cpu_section(calls: int, tmp: Path) -> dict[str, Any]:
 FIRST_CALL = """
 import json, sys, time, torch
 from producer import Producer
+from producer.config import ProducerConfig
 t = torch.randn({n}, device="cuda")
 torch.cuda.synchronize()
-p = Producer("{address}", run="first", role="a", gpu_sample_s=0)
+p = Producer("{address}", run="first", role="a", config=ProducerConfig(gpu_sample_s=0))
 t0 = time.perf_counter_ns()
 p.log({{"x": t}}, step=0)
 first = (time.perf_counter_ns() - t0) / 1e3
@@ -161,7 +165,12 @@ def gpu_section(calls: int, tmp: Path) -> dict[str, Any]:
     from schemas import metrics as M
 
     collector = _collector(tmp)
-    p = Producer(collector.address, run="bench-gpu", role="actor_train", gpu_sample_s=0)
+    p = Producer(
+        collector.address,
+        run="bench-gpu",
+        role="actor_train",
+        config=ProducerConfig(gpu_sample_s=0),
+    )
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(50_000_000)

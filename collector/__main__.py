@@ -19,7 +19,7 @@ from pathlib import Path
 
 from collector.config import CollectorConfig
 from collector.daemon import Collector, write_ready_file
-from collector.errors import ConfigError
+from schemas.errors import ConfigError
 
 PROG = "python -m collector"
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])
     if argv[:1] in (["report"], ["compare"]):
-        from collector.runtools.cli import main as run_tools
+        from runtools.cli import main as run_tools
 
         return run_tools(argv)
     parser = argparse.ArgumentParser(

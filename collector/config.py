@@ -21,14 +21,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from collector.errors import ConfigError
-from collector.sinks import SINKS
+from collector.sinks import SINKS, sink_class
+from schemas.errors import ConfigError
+from schemas.messages import DEFAULT_LIMITS
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -70,7 +71,7 @@ class CollectorConfig:
     settle_s: float = 2.0
     max_open_steps: int = 64
     tps_window: int = 1
-    max_message_bytes: int = 8 * 1024 * 1024
+    max_message_bytes: int = DEFAULT_LIMITS.max_bytes
     sink_queue: int = 1024
     sink_retries: int = 5
     sink_close_s: float = 10.0
@@ -78,8 +79,8 @@ class CollectorConfig:
     fsync: bool = False
     checkpoint_s: float = 5.0
     segment_bytes: int = 64 * 1024 * 1024
-    max_names_per_entry: int = 10_000
-    max_name_length: int = 256
+    max_names_per_entry: int = DEFAULT_LIMITS.max_names
+    max_name_length: int = DEFAULT_LIMITS.max_name_length
     max_names_per_run: int = 10_000
     curve: Mapping[str, str] | None = None
     log_level: str = "INFO"
@@ -159,6 +160,36 @@ class CollectorConfig:
                 f"unknown key; known keys are track_with, tracker_kwargs, {', '.join(sorted(known))}",
             )
         return cls(trackers=trackers, **data)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The YAML form (list of trackers, kwargs by tracker) that :meth:`from_mapping`
+        reads back to an equal config."""
+        out: dict[str, Any] = {
+            "track_with": list(self.trackers),
+            "tracker_kwargs": {name: dict(kwargs) for name, kwargs in self.trackers.items()},
+        }
+        for f in fields(self):
+            if f.name != "trackers":
+                value = getattr(self, f.name)
+                out[f.name] = dict(value) if isinstance(value, Mapping) else value
+        return out
+
+    def placed_under(self, base: str | Path) -> CollectorConfig:
+        """This config with relative paths (``state_dir`` and every tracker's path kwargs,
+        the ones its sink lists in ``PATHS``) taken relative to ``base`` instead of the
+        working directory: a run's collector writes into the run's directory."""
+        root = Path(base)
+
+        def place(value: Any) -> Any:
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                return str((root / value).resolve())
+            return value
+
+        trackers = {
+            name: {k: place(v) if k in sink_class(name).PATHS else v for k, v in kwargs.items()}
+            for name, kwargs in self.trackers.items()
+        }
+        return replace(self, trackers=trackers, state_dir=place(self.state_dir))
 
     @classmethod
     def load(cls, path: str | Path, bind: str | None = None) -> CollectorConfig:

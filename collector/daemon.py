@@ -17,7 +17,6 @@ close the sinks, exit 0.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -28,8 +27,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 from collector.aggregator import Aggregator
 from collector.config import CollectorConfig
@@ -37,28 +34,23 @@ from collector.delivery import Delivery
 from collector.durable import DurableState
 from collector.fanout import FanOut
 from collector.health import Health
-from collector.ratelog import RateLimitedLog
+from collector.receiver import Endpoint, Receiver
 from collector.sinks import build_sink
 from collector.sinks.base import Sink, SinkContext
 from schemas import protocol
-from schemas.errors import SchemaError
 from schemas.metrics import CATALOG
 
 log = logging.getLogger("rlpulse.collector")
 POLL_MS = 20
 BATCH = 2000
 """Messages received between two checks of the step timers."""
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
 
 
 class Collector:
     """The daemon, constructed from a config; ``run()`` blocks until ``stop()`` or a signal.
 
-    ``sinks`` replaces the configured trackers (tests pass in-memory ones).
+    ``sinks`` replaces the configured trackers (tests pass in-memory ones); ``environ`` is
+    where the trackers' environment variables are read (``collector.env``).
 
     >>> # c = Collector(CollectorConfig.load("collector.yaml")); c.run()
     """
@@ -74,41 +66,38 @@ class Collector:
         self.config = config
         self.health = Health()
         self._clock = clock
-        ctx = SinkContext(catalog=CATALOG, health=self.health.snapshot, environ=environ)
+        self._stop = threading.Event()
+        self._closed = False
+        self._opened: list[Sink] = []
+        self.durable: DurableState | None = None
+        self._endpoint: Endpoint | None = None
+        self._zmq = zmq.Context()
+        try:
+            self._start(sinks, environ)
+        except BaseException:  # a start-up failure (a ConfigError) leaks nothing
+            self._abort()
+            raise
+
+    def _start(self, sinks: Mapping[str, Sink] | None, environ: Mapping[str, str]) -> None:
+        config, clock = self.config, self._clock
+        ctx = SinkContext(catalog=CATALOG, health=self.health.snapshot)
         if sinks is None:
             sinks = {
-                name: build_sink(name, kwargs, ctx) for name, kwargs in config.trackers.items()
+                name: build_sink(name, kwargs, ctx, environ)
+                for name, kwargs in config.trackers.items()
             }
         for sink in sinks.values():
             sink.open()
-        self.durable = (
-            DurableState(
-                config.state_dir,
-                fsync=config.fsync,
-                segment_bytes=config.segment_bytes,
-                checkpoint_s=config.checkpoint_s,
-            )
-            if config.state_dir
-            else None
-        )
-        self.fanout = FanOut(
-            sinks,
-            queue_size=config.sink_queue,
-            retries=config.sink_retries,
-            close_s=config.sink_close_s,
-            durable=self.durable,
-        )
+            self._opened.append(sink)
+        if config.state_dir:
+            self.durable = DurableState(config.state_dir, config)
+        self.fanout = FanOut(sinks, config, durable=self.durable)
         self.health.sinks = self.fanout.stats
         self.aggregator = Aggregator(
             self.durable.emit if self.durable else self.fanout.put,
+            config,
             health=self.health,
             catalog=CATALOG,
-            grace_s=config.grace_s,
-            liveness_s=config.liveness_s,
-            max_open_steps=config.max_open_steps,
-            tps_window=config.tps_window,
-            max_names_per_run=config.max_names_per_run,
-            settle_s=config.settle_s,
         )
         self.delivery = Delivery(self.health)
         self.limits = protocol.Limits(
@@ -118,60 +107,23 @@ class Collector:
         )
         if self.durable is not None:
             self.durable.recover(self.aggregator, self.delivery, self.limits, clock())
-        self._zmq = zmq.Context()
-        self._auth: ThreadAuthenticator | None = None
-        self._socket = self._zmq.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 100_000)
-        # Hard cap in libzmq (the peer is disconnected); the decoder's softer limit is counted.
-        self._socket.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_message_bytes)
-        self._monitor = None
-        if config.curve is not None:
-            self._secure(config.curve)
-        try:
-            self._socket.bind(config.bind)
-        except zmq.ZMQError as exc:  # in use, not an address of this machine, bad transport
-            from collector.errors import ConfigError
+        self._endpoint = Endpoint(config, self._zmq)
+        self.address: str = self._endpoint.address
+        self.receiver = Receiver(
+            self._endpoint.socket, self.limits, self.health, self._endpoint.monitor
+        )
 
-            raise ConfigError(
-                "bind", f"cannot listen there: {zmq.strerror(exc.errno)}", config.bind
-            ) from None
-        self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._stop = threading.Event()
-        self._ratelog = RateLimitedLog(log)
-        self._closed = False
-
-    def _secure(self, curve: Mapping[str, str]) -> None:
-        """CurveZMQ: encrypt, and admit only clients whose public key is in ``clients_dir``."""
-        clients = Path(curve["clients_dir"])
-        secrets = sorted(p.name for p in clients.glob("*.key_secret"))
-        if secrets:
-            log.warning(
-                "curve.clients_dir %s holds secret keys (%s): it needs only the workers' public "
-                "*.key files; keep secret keys on the workers",
-                clients,
-                ", ".join(secrets),
-            )
-        if not any(clients.glob("*.key")):
-            log.warning(
-                "curve.clients_dir %s holds no public key (*.key): every client is refused", clients
-            )
-        self._auth = ThreadAuthenticator(self._zmq)
-        self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(clients))
-        public, secret = zmq.auth.load_certificate(str(curve["server_cert"]))
-        if secret is None:
-            from collector.errors import ConfigError
-
-            raise ConfigError(
-                "curve.server_cert",
-                "holds no secret key: use the *.key_secret file",
-                curve["server_cert"],
-            )
-        self._socket.curve_secretkey = secret
-        self._socket.curve_publickey = public
-        self._socket.curve_server = True
-        self._monitor = self._socket.get_monitor_socket(_HANDSHAKE_FAILED)
+    def _abort(self) -> None:
+        for sink in self._opened:
+            try:
+                sink.close()
+            except Exception as exc:
+                log.error("sink %s: close failed: %r", sink.name, exc)
+        if self.durable is not None:
+            self.durable.close()
+        if self._endpoint is not None:
+            self._endpoint.close()
+        self._zmq.term()
 
     def stop(self) -> None:
         """Ask ``run()`` to drain and return (safe from signal handlers and other threads)."""
@@ -183,37 +135,16 @@ class Collector:
 
     def _receive(self, budget: int) -> int:
         """Handle up to ``budget`` waiting messages without blocking; return how many."""
-        sock, agg, health, durable = self._socket, self.aggregator, self.health, self.durable
-        handled = 0
+        agg, durable, delivery = self.aggregator, self.durable, self.delivery
+        received = self.health.messages_received
         now = self._clock()
-        while handled < budget:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            handled += 1
-            health.messages_received += 1
-            if len(frames) != 2:
-                health.reject("bad_frames")
-                self._ratelog.warn(
-                    "bad_frames", f"rejected a message of {len(frames) - 1} frames (expected 1)"
-                )
-                continue
-            identity, raw = frames
-            try:
-                msg = protocol.decode(raw, self.limits)
-            except SchemaError as exc:
-                health.reject(exc.reason)
-                self._ratelog.warn(
-                    f"malformed:{exc.reason}", f"rejected a malformed message: {exc.detail}"
-                )
-                continue
-            for accepted, payload in self.delivery.accept(msg, identity, raw):
+        for identity, msg, raw in self.receiver.receive(budget):
+            for accepted, payload in delivery.accept(msg, identity, raw):
                 position = None
                 if durable is not None and not isinstance(accepted, protocol.Heartbeat):
                     position = durable.log_input(payload)
                 agg.handle(accepted, now, position)
-        return handled
+        return self.health.messages_received - received
 
     def _settle(self) -> None:
         """Emit what is due, make it durable, wake the sinks, then acknowledge."""
@@ -224,38 +155,20 @@ class Collector:
             self.durable.maybe_checkpoint(
                 self.aggregator, self.delivery, [w.name for w in self.fanout.workers]
             )
-        self._send_acks()
-        self._count_handshake_failures()
-
-    def _send_acks(self) -> None:
-        for identity, ack in self.delivery.acks():
-            # A producer gone or slow to read resends, and is acknowledged again then.
-            with contextlib.suppress(zmq.ZMQError):
-                self._socket.send_multipart([identity, ack], zmq.NOBLOCK)
-
-    def _count_handshake_failures(self) -> None:
-        monitor = self._monitor
-        while monitor is not None:
-            try:
-                monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.health.handshake_failed += 1
-            self._ratelog.warn(
-                "handshake", "refused a client: CurveZMQ handshake or authentication failed"
-            )
+        self.receiver.acknowledge(self.delivery.acks())
+        self.receiver.count_handshake_failures()
 
     def run(self) -> None:
         """Serve until stopped, then drain what is queued, flush open steps and close sinks."""
         self.fanout.start()
         poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self.receiver.socket, zmq.POLLIN)
         log.info(
             "rlpulse collector listening on %s; trackers: %s%s%s",
             self.address,
             ", ".join(w.name for w in self.fanout.workers),
             f"; state in {self.config.state_dir}" if self.durable else "",
-            "; CurveZMQ on" if self._auth else "",
+            "; CurveZMQ on" if self.config.curve is not None else "",
         )
         try:
             while not self._stop.is_set():
@@ -276,7 +189,7 @@ class Collector:
         if self.durable is None:
             self.aggregator.flush()  # in memory only: emit open steps now or lose them
         else:
-            open_steps = sum(len(run.steps) for run in self.aggregator.runs.values())
+            open_steps = self.aggregator.open_steps()
             if open_steps:
                 log.info(
                     "%d open steps kept in %s; they complete after the next start",
@@ -285,7 +198,7 @@ class Collector:
                 )
             self.durable.commit()
             self.fanout.notify()
-        self._send_acks()
+        self.receiver.acknowledge(self.delivery.acks())
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:
             log.warning(
@@ -298,12 +211,8 @@ class Collector:
                 self.aggregator, self.delivery, [w.name for w in self.fanout.workers], force=True
             )
             self.durable.close()
-        if self._monitor is not None:
-            self._socket.disable_monitor()
-            self._monitor.close(linger=0)
-        self._socket.close()
-        if self._auth is not None:
-            self._auth.stop()
+        if self._endpoint is not None:
+            self._endpoint.close()
         self._zmq.term()
         h = self.health
         log.info(

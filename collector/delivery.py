@@ -21,12 +21,14 @@ from collector.ratelog import RateLimitedLog
 from schemas import protocol
 
 log = logging.getLogger("rlpulse.collector")
+MAX_HELD = 10_000
+"""Messages kept for producers whose hello has not arrived yet (more are dropped, resent)."""
 
 
 class Delivery:
     """Sequencing state per producer id. ``accept`` returns the messages to apply, in order."""
 
-    def __init__(self, health: Health | None = None, max_held: int = 10_000) -> None:
+    def __init__(self, health: Health | None = None, max_held: int = MAX_HELD) -> None:
         self.health = health or Health()
         self.max_held = max_held
         self.last_seq: dict[int, int] = {}

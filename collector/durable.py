@@ -21,13 +21,42 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
-from collector.aggregator import Aggregator
-from collector.delivery import Delivery
+from collector.config import CollectorConfig
 from collector.segmentlog import Position, SegmentLog
 from schemas import protocol
 from schemas.errors import SchemaError
 from schemas.record import StepRecord
+
+
+class Recoverable(Protocol):
+    """What recovery needs of the aggregator: replay messages, skip emitted steps, and a
+    snapshot of what open steps do not hold (``collector.aggregator.Aggregator``)."""
+
+    def handle(
+        self, msg: protocol.Message, now: float, position: object = None, replay: bool = False
+    ) -> None: ...
+
+    def note_emitted(self, record: StepRecord) -> None: ...
+
+    def oldest_position(self) -> object: ...
+
+    def snapshot(self) -> dict: ...
+
+    def restore(self, snapshot: Mapping, now: float) -> None: ...
+
+
+class Sequencer(Protocol):
+    """What recovery needs of delivery: where each producer's numbering stands
+    (``collector.delivery.Delivery``)."""
+
+    def note_replayed(self, msg: protocol.Message) -> None: ...
+
+    def snapshot(self) -> dict[str, int]: ...
+
+    def restore(self, snapshot: Mapping[str, int]) -> None: ...
+
 
 log = logging.getLogger("rlpulse.collector.durable")
 
@@ -53,29 +82,22 @@ class DurableState:
     """Owns the files under ``state_dir``; used from the daemon's main thread (the outbox is
     also read by sink workers, through :class:`OutboxReader`)."""
 
-    def __init__(
-        self,
-        state_dir: str | Path,
-        *,
-        fsync: bool = False,
-        segment_bytes: int = 64 * 1024 * 1024,
-        checkpoint_s: float = 5.0,
-    ) -> None:
+    def __init__(self, state_dir: str | Path, config: CollectorConfig) -> None:
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.wal = SegmentLog(self.dir / "wal", segment_bytes, fsync)
-        self.outbox = SegmentLog(self.dir / "outbox", segment_bytes, fsync)
+        self.wal = SegmentLog(self.dir / "wal", config.segment_bytes, config.fsync)
+        self.outbox = SegmentLog(self.dir / "outbox", config.segment_bytes, config.fsync)
         self.cursor_dir = self.dir / "cursors"
         self.cursor_dir.mkdir(exist_ok=True)
         self.checkpoint_path = self.dir / "checkpoint.json"
-        self.checkpoint_s = checkpoint_s
+        self.checkpoint_s = config.checkpoint_s
         self.next_record_seq = 1
         self._last_checkpoint = time.monotonic()
 
     # ------------------------------------------------------------------ recovery
 
     def recover(
-        self, aggregator: Aggregator, delivery: Delivery, limits: protocol.Limits, now: float
+        self, aggregator: Recoverable, delivery: Sequencer, limits: protocol.Limits, now: float
     ) -> dict[str, int]:
         """Rebuild state from disk; return counts of what was read."""
         wal_from = Position(self.wal.segments()[0] if self.wal.segments() else 0, 0)
@@ -152,7 +174,11 @@ class DurableState:
         return out
 
     def maybe_checkpoint(
-        self, aggregator: Aggregator, delivery: Delivery, sinks: Iterable[str], force: bool = False
+        self,
+        aggregator: Recoverable,
+        delivery: Sequencer,
+        sinks: Iterable[str],
+        force: bool = False,
     ) -> bool:
         if not force and time.monotonic() - self._last_checkpoint < self.checkpoint_s:
             return False
@@ -216,7 +242,3 @@ class OutboxReader:
         self.position = position
         self.last_seq = self._seqs.pop(position, self.last_seq)
         write_json_atomic(self.path, {"position": position.to_json(), "seq": self.last_seq})
-
-    def written_through(self, sink: object) -> Mapping[str, int]:
-        method = getattr(sink, "written_through", None)
-        return method() if callable(method) else {}

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from collector.config import CollectorConfig
 from collector.durable import DurableState, OutboxReader
 from collector.ratelog import RateLimitedLog
 from collector.sinks.base import Sink
@@ -30,6 +31,9 @@ from schemas.record import StepRecord
 
 log = logging.getLogger("rlpulse.collector.fanout")
 _STOP = object()
+BACKOFF_S = 0.1
+"""First wait after a failed write; it doubles per attempt (with jitter) up to BACKOFF_MAX_S."""
+BACKOFF_MAX_S = 5.0
 
 
 class SinkWorker:
@@ -39,24 +43,23 @@ class SinkWorker:
         self,
         name: str,
         sink: Sink,
+        config: CollectorConfig,
         *,
-        queue_size: int = 1024,
-        retries: int = 5,
-        backoff_s: float = 0.1,
-        backoff_max_s: float = 5.0,
+        backoff_s: float = BACKOFF_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
         reader: OutboxReader | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.sink = sink
-        self.retries = retries
+        self.retries = config.sink_retries
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.reader = reader
         self._rng = rng or random.Random()
         self._clock = clock
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue = queue.Queue(maxsize=config.sink_queue)
         self._notify = threading.Event()
         self._stopping = threading.Event()
         self._busy_since: float | None = None
@@ -72,7 +75,7 @@ class SinkWorker:
         if self.reader is not None:
             # What the sink's own output already holds is not written again (a crash between
             # a write and its cursor update would otherwise duplicate one step).
-            self._skip = self.reader.written_through(self.sink)
+            self._skip = self.sink.written_through()
         self.thread.start()
 
     def put(self, record: StepRecord) -> None:
@@ -207,20 +210,17 @@ class FanOut:
     def __init__(
         self,
         sinks: Mapping[str, Sink],
+        config: CollectorConfig,
         *,
-        queue_size: int = 1024,
-        retries: int = 5,
-        close_s: float = 10.0,
-        backoff_s: float = 0.1,
+        backoff_s: float = BACKOFF_S,
         durable: DurableState | None = None,
     ) -> None:
-        self.close_s = close_s
+        self.close_s = config.sink_close_s
         self.workers: Sequence[SinkWorker] = [
             SinkWorker(
                 name,
                 sink,
-                queue_size=queue_size,
-                retries=retries,
+                config,
                 backoff_s=backoff_s,
                 reader=OutboxReader(durable, name) if durable is not None else None,
             )

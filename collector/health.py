@@ -1,72 +1,182 @@
-"""The collector's own counters: what it received, rejected, emitted and dropped.
+"""The collector's self-metrics: what it received, rejected, emitted and dropped.
 
-Written by the daemon's main thread; read by any thread through :meth:`Health.snapshot`
-(the Prometheus sink renders it on every scrape).
+Each counter is declared once, here, with its Prometheus name and help
+(:class:`SelfMetric`): the Prometheus sink renders every declared one, so a counter cannot be
+counted and never exported. Counters are plain integer attributes of :class:`Health`, written
+by the daemon's main thread; any thread reads them through :meth:`Health.snapshot` (the
+Prometheus sink renders it on every scrape).
+
+>>> h = Health()
+>>> h.reject("bad_version")
+>>> h.snapshot()["malformed"]
+{'bad_version': 1}
+>>> Health.late.name
+'rlpulse_collector_late_entries_total'
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, overload
+
+from schemas.protocol import DROP_KEYS
+
+Kind = Literal["counter", "gauge"]
+
+
+class SelfMetric:
+    """One exported self-metric. As a class attribute of :class:`Health` it declares the
+    counter of the same name; instances hold the number itself."""
+
+    def __init__(self, name: str, help: str, kind: Kind = "counter", key: str = "") -> None:
+        self.name = name
+        self.help = help
+        self.kind: Kind = kind
+        self.key = key
+        """Where the value is found: the attribute of :class:`Health`, or the snapshot key."""
+
+    def __set_name__(self, owner: type, key: str) -> None:
+        self.key = key
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> SelfMetric: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> int: ...
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        return self if obj is None else obj.__dict__.get(self.key, 0)
+
+
+MALFORMED = SelfMetric(
+    "rlpulse_collector_malformed_total",
+    "Messages rejected as malformed, by reason.",
+    key="malformed",
+)
+"""Labelled by ``reason``; every reason in ``schemas.errors.REJECT_REASONS`` from start-up."""
+
+SINK_METRICS: tuple[SelfMetric, ...] = (
+    SelfMetric(
+        "rlpulse_sink_queue_depth", "Steps waiting in a sink's queue.", "gauge", "queue_depth"
+    ),
+    SelfMetric("rlpulse_sink_written_total", "Steps a sink has written.", key="written"),
+    SelfMetric("rlpulse_sink_errors_total", "Failed write attempts of a sink.", key="errors"),
+    SelfMetric(
+        "rlpulse_sink_dropped_total",
+        "Steps a sink dropped (queue full or retries spent).",
+        key="dropped",
+    ),
+    SelfMetric(
+        "rlpulse_sink_lag_seconds",
+        "Age of the oldest step still waiting in a sink's queue.",
+        "gauge",
+        "lag_seconds",
+    ),
+)
+"""Per sink (label ``sink``), read from each ``SinkWorker.stats()`` by key."""
 
 
 class Health:
-    """Counters of the receive and aggregate path. ``sinks`` is filled in by the fan-out.
+    """Counters of the receive and aggregate path. ``sinks`` is filled in by the fan-out."""
 
-    >>> h = Health()
-    >>> h.reject("bad_version")
-    >>> h.snapshot()["malformed"]
-    {'bad_version': 1}
-    """
+    messages_received = SelfMetric(
+        "rlpulse_collector_messages_received_total", "Messages the collector received."
+    )
+    events_received = SelfMetric(
+        "rlpulse_collector_events_received_total", "Metric entries the collector received."
+    )
+    late = SelfMetric(
+        "rlpulse_collector_late_entries_total",
+        "Entries that arrived after their step had been emitted (not in any sink).",
+    )
+    partial_steps = SelfMetric(
+        "rlpulse_collector_partial_steps_total",
+        "Steps emitted before every expected rank had finished them.",
+    )
+    steps_emitted = SelfMetric("rlpulse_collector_steps_emitted_total", "Steps handed to sinks.")
+    unknown_producer = SelfMetric(
+        "rlpulse_collector_unknown_producer_total",
+        "Messages dropped because their producer never registered.",
+    )
+    duplicates = SelfMetric(
+        "rlpulse_collector_duplicates_total",
+        "Resent messages the collector had already applied (deduplicated, not merged twice).",
+    )
+    out_of_order = SelfMetric(
+        "rlpulse_collector_out_of_order_total",
+        "Messages that arrived ahead of a missing one (dropped; the producer resends in order).",
+    )
+    handshake_failed = SelfMetric(
+        "rlpulse_collector_handshake_failed_total",
+        "Clients refused by CurveZMQ (unknown key or plaintext).",
+    )
+    kind_mismatch = SelfMetric(
+        "rlpulse_collector_kind_mismatch_total",
+        "Entries whose declared reduction disagreed with the catalog (the catalog won).",
+    )
+    derived_logged = SelfMetric(
+        "rlpulse_collector_derived_logged_total",
+        "Metrics producers logged although the collector computes them (dropped).",
+    )
+    names_overflow = SelfMetric(
+        "rlpulse_collector_names_overflow_total",
+        "Metric names dropped because a run reached its distinct-name limit.",
+    )
+    world_size_conflict = SelfMetric(
+        "rlpulse_collector_world_size_conflict_total",
+        "Registrations whose world size disagreed with the role's first registration.",
+    )
+    unapplied = SelfMetric(
+        "rlpulse_collector_unapplied_entries_total",
+        "Entries from producers whose registration never arrived, lost at shutdown.",
+    )
+    producers = SelfMetric(
+        "rlpulse_collector_producers",
+        "Producers registered since start-up (recovered ones included).",
+        "gauge",
+    )
 
     def __init__(self) -> None:
-        self.messages_received = 0
-        self.events_received = 0
+        for metric in self.declared():
+            setattr(self, metric.key, 0)
         self.malformed: Counter[str] = Counter()
-        self.late = 0
-        self.partial_steps = 0
-        self.steps_emitted = 0
-        self.unknown_producer = 0
-        self.duplicates = 0
-        self.out_of_order = 0
-        self.handshake_failed = 0
-        self.kind_mismatch = 0
-        self.derived_logged = 0
-        self.names_overflow = 0
-        self.world_size_conflict = 0
-        self.unapplied = 0
-        """Entries held for a producer that never registered, lost at shutdown."""
-        self.producers = 0
         self.producer_stats: dict[int, Mapping[str, int]] = {}
         self.sinks: Callable[[], Mapping[str, Mapping[str, float]]] = dict
+
+    @classmethod
+    def declared(cls) -> Iterator[SelfMetric]:
+        """Every counter and gauge of this class, with its exported name."""
+        for value in vars(cls).values():
+            if isinstance(value, SelfMetric):
+                yield value
 
     def reject(self, reason: str) -> None:
         self.malformed[reason] += 1
 
     def producer_dropped(self) -> int:
         """Log calls producers reported dropping (queue or buffer full, unacknowledged at close)."""
-        keys = ("dropped_queue_full", "dropped_buffer_full", "dropped_send")
-        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in keys)
+        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in DROP_KEYS)
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "messages_received": self.messages_received,
-            "events_received": self.events_received,
-            "malformed": dict(self.malformed),
-            "late": self.late,
-            "partial_steps": self.partial_steps,
-            "steps_emitted": self.steps_emitted,
-            "unknown_producer": self.unknown_producer,
-            "duplicates": self.duplicates,
-            "out_of_order": self.out_of_order,
-            "handshake_failed": self.handshake_failed,
-            "kind_mismatch": self.kind_mismatch,
-            "derived_logged": self.derived_logged,
-            "names_overflow": self.names_overflow,
-            "world_size_conflict": self.world_size_conflict,
-            "unapplied": self.unapplied,
-            "producers": self.producers,
-            "producer_dropped": self.producer_dropped(),
-            "sinks": {k: dict(v) for k, v in self.sinks().items()},
-        }
+        out: dict[str, Any] = {m.key: getattr(self, m.key) for m in self.declared()}
+        out["producer_dropped"] = self.producer_dropped()
+        out["malformed"] = dict(self.malformed)
+        out["sinks"] = {k: dict(v) for k, v in self.sinks().items()}
+        return out
+
+
+PRODUCER_DROPPED = SelfMetric(
+    "rlpulse_collector_producer_dropped_total",
+    "Entries producers reported dropping before sending (queue full, collector away).",
+    key="producer_dropped",
+)
+"""Summed from the producers' own counters (heartbeats and goodbyes)."""
+
+
+def exported() -> Iterator[SelfMetric]:
+    """Every self-metric the Prometheus sink renders, labels aside."""
+    yield from Health.declared()
+    yield PRODUCER_DROPPED
+    yield MALFORMED
+    yield from SINK_METRICS

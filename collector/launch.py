@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from collector.config import CollectorConfig
+
 
 class CollectorProcess:
     """A running collector daemon; ``stop()`` sends SIGTERM and waits for a clean exit."""
@@ -49,7 +51,7 @@ class CollectorProcess:
 
 
 def start_collector(
-    config: Mapping[str, Any],
+    config: CollectorConfig | Mapping[str, Any],
     *,
     bind: str | None = "tcp://127.0.0.1:*",
     timeout: float = 30.0,
@@ -57,10 +59,14 @@ def start_collector(
     stderr: Any = None,
     env: Mapping[str, str] | None = None,
 ) -> CollectorProcess:
-    """Run ``python -m collector`` with ``config``; ``bind`` defaults to a free loopback port."""
+    """Run ``python -m collector`` with ``config`` (a :class:`CollectorConfig`, or its YAML
+    form, checked here first: a bad one raises ConfigError naming the field); ``bind``
+    overrides the config's, by default with a free loopback port (None keeps the config's)."""
+    if not isinstance(config, CollectorConfig):
+        config = CollectorConfig.from_mapping(config)
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-collector-"))
     config_path = workdir / "collector.yaml"
-    config_path.write_text(yaml.safe_dump(dict(config)))
+    config_path.write_text(yaml.safe_dump(config.to_mapping()))
     ready = workdir / "ready"
     cmd = [
         sys.executable,

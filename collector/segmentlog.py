@@ -7,7 +7,7 @@ with a warning, never fatal. Whole segments are deleted once nothing needs them,
 stays bounded over a long run.
 
 >>> import tempfile
->>> log = SegmentLog(tempfile.mkdtemp())
+>>> log = SegmentLog(tempfile.mkdtemp(), segment_bytes=1 << 20, fsync=False)
 >>> end = log.append(b"hello"); _ = log.flush()
 >>> [payload for _, payload in log.read_from(Position(0, 0))]
 [b'hello']
@@ -67,9 +67,7 @@ class SegmentLog:
     """Writer side (one thread); :meth:`read_from` may run in other threads up to
     :attr:`flushed`."""
 
-    def __init__(
-        self, directory: str | Path, segment_bytes: int = 64 * 1024 * 1024, fsync: bool = False
-    ) -> None:
+    def __init__(self, directory: str | Path, segment_bytes: int, fsync: bool) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes

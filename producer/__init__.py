@@ -2,9 +2,11 @@
 
 >>> from producer import Producer, Masked, Weighted, Fraction
 >>> from producer import NullProducer, load_curve  # metrics off; CurveZMQ keys from files
+>>> from producer import ProducerConfig  # buffers, timings, bounds
 """
 
 from producer.client import Producer
+from producer.config import ProducerConfig
 from producer.env import ADDRESS_VAR, load_curve
 from producer.null import NullProducer
 from producer.values import Fraction, Masked, Weighted
@@ -15,6 +17,7 @@ __all__ = [
     "Masked",
     "NullProducer",
     "Producer",
+    "ProducerConfig",
     "Weighted",
     "load_curve",
 ]

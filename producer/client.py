@@ -20,16 +20,20 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import zmq
-
+from producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
 from producer.cuda import cuda_context
-from producer.device import DeviceContext, DeviceValue, Pending
+from producer.deferred import DeviceValue, Pending
+from producer.device import DeviceContext
+from producer.encode import INVALID, Encoder
 from producer.env import curve_from_env, default_address
 from producer.gpustate import NvmlSampler
 from producer.memory import MemoryProbe
-from producer.phase import Phase, PhaseNames
+from producer.outbox import Identity, Registration
+from producer.phase import Phase, PhaseHooks, PhaseNames
 from producer.reduce import InvalidValue, reduce_value
-from producer.sender import DONE, FLUSH, INVALID, LOG, CurveKeys, Sender
+from producer.sender import DONE, FLUSH, LOG, Sender
+from producer.stats import Counters, combine
+from producer.transport import CurveKeys, Transport, ZmqTransport
 from schemas.catalog import Catalog
 from schemas.metrics import CATALOG
 from schemas.reductions import Reduction
@@ -47,16 +51,19 @@ class Producer:
     network: a full queue or an unreachable collector drops, counts (:meth:`stats`) and
     warns once. The counts reach the collector with every heartbeat.
 
-    ``reductions`` declares how names outside the catalog merge (``{"my/peak": "max"}``);
-    the catalog's own declarations cannot be overridden.
+    Who it is: ``run``, ``role``, ``rank`` and ``world_size``; ``expected_roles`` (role ->
+    world size) tells the collector the run's whole topology, so it waits for roles that have
+    not registered yet instead of emitting without them. ``reductions`` declares how names
+    outside the catalog merge (``{"my/peak": "max"}``); the catalog's own declarations cannot
+    be overridden. ``curve`` (or the ``RLPULSE_CURVE_*`` environment variables) turns on
+    CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and bounds
+    (:class:`~producer.config.ProducerConfig`).
 
-    ``expected_roles`` (role -> world size) tells the collector the run's whole topology, so
-    it waits for roles that have not registered yet instead of emitting without them.
+    Delivery is acknowledged: up to ``config.max_unacked`` messages are kept and resent until
+    the collector has them in its write-ahead log, so a collector restart loses nothing.
 
-    Delivery is acknowledged: up to ``max_unacked`` messages are kept and resent until the
-    collector has them in its write-ahead log, so a collector restart loses nothing. ``curve``
-    (or the ``RLPULSE_CURVE_*`` environment variables) turns on CurveZMQ encryption and
-    authentication.
+    The rest are injected dependencies, for tests and tools: ``transport`` (default: ZeroMQ
+    to ``address``), ``catalog``, ``memory_probe``, ``device`` (GPU pipeline) and ``nvml``.
     """
 
     def __init__(
@@ -67,19 +74,13 @@ class Producer:
         role: str,
         rank: int = 0,
         world_size: int = 1,
-        reductions: Mapping[str, str | Reduction] | None = None,
-        max_pending: int = 10_000,
-        heartbeat_s: float = 1.0,
-        close_timeout_s: float = 2.0,
-        sndhwm: int = 1000,
-        max_unacked: int = 10_000,
-        resend_s: float = 2.0,
-        curve: CurveKeys | None = None,
         expected_roles: Mapping[str, int] | None = None,
+        reductions: Mapping[str, str | Reduction] | None = None,
+        curve: CurveKeys | None = None,
+        config: ProducerConfig = DEFAULT,
+        transport: Transport | None = None,
         catalog: Catalog = CATALOG,
-        context: zmq.Context | None = None,
         memory_probe: MemoryProbe | None = None,
-        gpu_sample_s: float = 1.0,
         device: DeviceContext | None = None,
         nvml: NvmlSampler | None = None,
     ) -> None:
@@ -91,14 +92,9 @@ class Producer:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if not (isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-        if max_pending < 1 or heartbeat_s <= 0 or close_timeout_s < 0:
-            raise ValueError("max_pending, heartbeat_s must be positive and close_timeout_s >= 0")
         self.address = address or default_address()
         self.run, self.role, self.rank, self.world_size = run, role, rank, world_size
-        self._declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
-        self._catalog = catalog
-        self._max_pending = max_pending
-        self._close_timeout_s = close_timeout_s
+        self.config = config
         self._queue: deque = deque()
         self._wake = threading.Event()
         self._closed = False
@@ -109,42 +105,32 @@ class Producer:
         self._device = device
         self._device_known = device is not None
         """GPU routing is decided once torch is imported (by the caller, never by us)."""
-        # Caller-thread counters (the sender keeps its own: no shared writes across threads).
-        self._logged = 0
-        self._dropped_full = 0
-        self._invalid = 0
-        self._errors = 0
-        self._producer_id = random.getrandbits(63)
+        self._counters = Counters()  # the caller's; the sender thread keeps its own
+        self._phase_hooks = PhaseHooks(self._log, self._device_context, self._note_error)
+        identity = Identity(run, role, rank, world_size, dict(expected_roles or {}))
+        declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
         self._sender = Sender(
-            address=self.address,
-            identity={
-                "run": run,
-                "role": role,
-                "rank": rank,
-                "world_size": world_size,
-                "expected": dict(expected_roles or {}),
-            },
-            producer_id=self._producer_id,
+            config=config,
+            registration=Registration(identity, random.getrandbits(63)),
             queue=self._queue,
             wake=self._wake,
-            catalog=catalog,
-            declared=self._declared,
+            transport=transport
+            or ZmqTransport(self.address, sndhwm=config.sndhwm, curve=curve or curve_from_env()),
+            encoder=Encoder(catalog, declared, Counters(), self._warn_once),
             stats=self.stats,
             warn_once=self._warn_once,
-            heartbeat_s=heartbeat_s,
-            sndhwm=sndhwm,
-            context=context or zmq.Context(),
-            max_unacked=max_unacked,
-            resend_s=resend_s,
-            curve=curve or curve_from_env(),
             nvml=nvml if nvml is not None else NvmlSampler(role),
-            gpu_sample_s=gpu_sample_s,
         )
-        self._sender.close_timeout_s = close_timeout_s
         self._sender.start()
         ref = weakref.ref(self)
-        self._atexit: Callable[[], None] = lambda: (p := ref()) is not None and p.close()  # type: ignore[func-returns-value]
-        atexit.register(self._atexit)
+
+        def close_at_exit() -> None:
+            producer = ref()
+            if producer is not None:
+                producer.close()
+
+        self._atexit = close_at_exit
+        atexit.register(close_at_exit)
 
     # ------------------------------------------------------------------ the hot path
 
@@ -170,26 +156,28 @@ class Producer:
         GPUs' state)."""
         call = None
         try:
+            c = self._counters
             if self._closed:
-                self._invalid += 1
+                c.invalid += 1
                 self._warn_once("closed", "log() after close(): dropped")
                 return
             if type(step) is not int or step < 0:
-                self._invalid += 1
+                c.invalid += 1
                 self._warn_once(
                     f"step:{type(step).__name__}",
                     f"step must be a non-negative int, got {step!r}: call dropped",
                 )
                 return
-            if len(self._queue) >= self._max_pending:
-                self._dropped_full += 1
+            if len(self._queue) >= self.config.max_pending:
+                c.dropped_queue_full += 1
                 self._warn_once(
                     "full",
-                    f"{self._max_pending} log() calls are queued unsent; dropping (counted in stats())",
+                    f"{self.config.max_pending} log() calls are queued unsent; dropping "
+                    "(counted in stats())",
                 )
                 return
             payload = dict(data)
-            device = self._device if self._device_known else self._find_device()
+            device = self._device_context()
             for name, value in payload.items():
                 if type(value) in _SIMPLE:
                     continue
@@ -202,14 +190,14 @@ class Producer:
                         payload[name] = reduce_value(value)
                 except InvalidValue as exc:
                     payload[name] = INVALID
-                    self._invalid += 1
+                    c.invalid += 1
                     self._warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
             if call is not None:
                 waits = (*waits, *call.seal())
             if deferred:
                 payload.update(deferred)
             self._queue.append((LOG, step, time.time(), payload, waits, phase))
-            self._logged += 1
+            c.logged += 1
             if not self._wake.is_set():
                 self._wake.set()
         except Exception as exc:  # a bug, an odd mapping or a CUDA error must not reach training
@@ -217,7 +205,7 @@ class Producer:
                 call.abandon()
             self._note_error("log()", exc)
 
-    def device(self) -> DeviceContext | None:
+    def _device_context(self) -> DeviceContext | None:
         """This producer's GPU context (None without CUDA, or before torch is imported)."""
         return self._device if self._device_known else self._find_device()
 
@@ -226,7 +214,8 @@ class Producer:
         and asked again at the next call."""
         if sys.modules.get("torch") is None:
             return None
-        self._device, self._device_known = cuda_context(), True
+        self._device = cuda_context(self.config.snapshot_limit_bytes)
+        self._device_known = True
         return self._device
 
     def phase(
@@ -246,7 +235,7 @@ class Producer:
                 self._warn_once(f"phase:{infix}", f"{exc}; the phase runs but is not measured")
                 names = None
             self._phase_names[infix] = names
-        return Phase(self, names, step, self._probe, onload, offload)  # type: ignore[arg-type]
+        return Phase(self._phase_hooks, names, step, self._probe, onload, offload)
 
     def step_done(self, step: int) -> None:
         """Say this rank has finished every step up to ``step`` (logging a later step says so
@@ -259,7 +248,7 @@ class Producer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def flush(self, timeout: float = 5.0) -> bool:
+    def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Wait until the collector has acknowledged everything logged so far; False on
         timeout (the data stays buffered and is still delivered later)."""
         if self._closed or not self._sender.is_alive():
@@ -271,13 +260,13 @@ class Producer:
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is queued, say goodbye and stop, within ``timeout`` seconds (default
-        ``close_timeout_s``) even when no collector is listening. Safe to call twice."""
+        ``config.close_timeout_s``) even when no collector is listening. Safe to call twice."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
-        limit = self._close_timeout_s if timeout is None else timeout
+        limit = self.config.close_timeout_s if timeout is None else timeout
         self._sender.close_timeout_s = limit
         self._sender.stopping.set()
         self._wake.set()
@@ -302,19 +291,7 @@ class Producer:
         """Counters: calls queued (``logged``), messages sent and resent, messages awaiting
         acknowledgement, calls dropped (caller queue full, unacked buffer full, or still
         unacknowledged at close), invalid values, non-finite samples left out, errors."""
-        c = self._sender.counters
-        return {
-            "logged": self._logged,
-            "sent_messages": c.sent_messages,
-            "resent_messages": c.resent_messages,
-            "unacked": self._sender.unacked,
-            "dropped_queue_full": self._dropped_full,
-            "dropped_buffer_full": c.dropped_buffer_full,
-            "dropped_send": c.dropped_send,
-            "invalid": self._invalid + c.invalid,
-            "nonfinite": c.nonfinite,
-            "errors": self._errors + c.errors,
-        }
+        return combine(self._counters, self._sender.counters, unacked=self._sender.unacked)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key in self._warned:
@@ -325,7 +302,7 @@ class Producer:
         )
 
     def _note_error(self, where: str, exc: BaseException) -> None:
-        self._errors += 1
+        self._counters.errors += 1
         self._warn_once(
             f"error:{where}:{type(exc).__name__}", f"{where} failed and was skipped: {exc!r}"
         )

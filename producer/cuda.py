@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from producer.device import SNAPSHOT_LIMIT_BYTES, DeviceContext, Marker
+from producer.deferred import Marker
+from producer.device import DeviceContext
 
 
 class _CudaMarker:
@@ -87,7 +88,7 @@ class CudaOps:
         return pinned.to(device, non_blocking=True)
 
 
-def cuda_context(snapshot_limit_bytes: int = SNAPSHOT_LIMIT_BYTES) -> DeviceContext | None:
+def cuda_context(snapshot_limit_bytes: int) -> DeviceContext | None:
     """The CUDA device context, when this process has imported torch with CUDA; else None."""
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "cuda") or not torch.cuda.is_available():

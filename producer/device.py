@@ -26,25 +26,22 @@ through a fake of it.
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from producer.deferred import DeviceOps, DeviceValue, Known, Marker, PhaseTimer
 from producer.reduce import (
-    EMPTY,
+    NOTHING,
     InvalidValue,
-    State,
+    Reduced,
     finish,
     fraction_state,
+    scalar as host_scalar,
     scalar_state,
     weighted_state,
 )
-from producer.reduce import scalar as host_scalar
 from producer.values import Fraction, Masked, Weighted
-
-SNAPSHOT_LIMIT_BYTES = 256 * 1024 * 1024
-"""Default bound on GPU memory held by snapshots the sender has not reduced yet."""
 
 
 def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
@@ -73,76 +70,13 @@ def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
     )
 
 
-# ---------------------------------------------------------------------------- the device
-
-
-class Marker(Protocol):
-    """A point in a stream's work (a CUDA event)."""
-
-    def query(self) -> bool:
-        """Whether the device has passed this point (never waits)."""
-        ...
-
-    def seconds_until(self, later: Marker) -> float:
-        """Device time from this marker to ``later`` (both timing markers, both passed)."""
-        ...
-
-    def release(self) -> None:
-        """Done with it: the event may be recorded again."""
-        ...
-
-
-class DeviceOps(Protocol):
-    """What the pipeline needs from a device runtime."""
-
-    torch: Any
-
-    def owns(self, tensor: Any) -> bool:
-        """Whether ``tensor`` lives on a device whose values are deferred."""
-        ...
-
-    def current_device(self) -> Any | None:
-        """The caller's current device, or None if this process has not started using one."""
-        ...
-
-    def marker(self, device: Any, timing: bool = False) -> Marker:
-        """Record a marker on ``device``'s current stream."""
-        ...
-
-    def after(self, device: Any, marker: Marker) -> AbstractContextManager[object]:
-        """Run the enclosed kernels on a side stream of ``device`` once ``marker`` is passed."""
-        ...
-
-    def keep(self, tensor: Any, device: Any) -> None:
-        """``tensor`` is used on the side stream: its memory must outlive that use."""
-        ...
-
-    def to_host(self, tensor: Any) -> Any:
-        """Start an asynchronous copy into pinned host memory; valid once a later marker
-        on the same stream has passed."""
-        ...
-
-    def upload(self, array: np.ndarray, device: Any) -> Any:
-        """Host data to ``device`` without waiting (through pinned memory)."""
-        ...
-
-
-# ---------------------------------------------------------------------------- values
-
-
-class DeviceValue(Protocol):
-    """A logged value whose state is known once its batch is ready (sender thread)."""
-
-    def state(self) -> State: ...
-
-
 class _ArrayRef:
     __slots__ = ("batch", "index")
 
     def __init__(self, batch: DeviceBatch, index: int) -> None:
         self.batch, self.index = batch, index
 
-    def state(self) -> State:
+    def state(self) -> Reduced:
         s, w, mn, mx, nf = self.batch.row(self.index)
         return finish(s, w, mn, mx, int(nf))
 
@@ -156,7 +90,7 @@ class _ScalarRef:
     def number(self) -> float:
         return self.batch.scalar(self.index)
 
-    def state(self) -> State:
+    def state(self) -> Reduced:
         return scalar_state(self.number())
 
 
@@ -172,86 +106,9 @@ class _PairRef:
     def __init__(self, kind: type, a: _ScalarRef | float, b: _ScalarRef | float) -> None:
         self.kind, self.a, self.b = kind, a, b
 
-    def state(self) -> State:
+    def state(self) -> Reduced:
         a, b = _number(self.a), _number(self.b)
         return weighted_state(a, b) if self.kind is Weighted else fraction_state(a, b)
-
-
-class GpuTime:
-    """Device time between two timing markers of a phase, in seconds."""
-
-    __slots__ = ("end", "start")
-
-    def __init__(self, start: Marker, end: Marker) -> None:
-        self.start, self.end = start, end
-
-    def state(self) -> State:
-        return scalar_state(self.start.seconds_until(self.end))
-
-
-class PhaseTimer:
-    """Timing markers at a phase's boundaries on the caller's current stream, recorded in the
-    caller and read by the sender once the last one has passed (:class:`Pending`)."""
-
-    def __init__(self, ops: DeviceOps, device: Any) -> None:
-        self.ops, self.device = ops, device
-        self.marks: dict[str, Marker] = {"start": ops.marker(device, timing=True)}
-
-    def mark(self, point: str) -> None:
-        self.marks[point] = self.ops.marker(self.device, timing=True)
-
-    def times(self) -> dict[str, GpuTime]:
-        """Part -> device time: ``total``, ``execute``, and ``onload``/``offload`` when the
-        phase did them (points ``onloaded``, ``executed``, ``end``)."""
-        m = self.marks
-        loaded = m.get("onloaded", m["start"])
-        executed = m.get("executed", m["end"])
-        out = {"total": GpuTime(m["start"], m["end"]), "execute": GpuTime(loaded, executed)}
-        if "onloaded" in m:
-            out["onload"] = GpuTime(m["start"], loaded)
-        if "executed" in m:
-            out["offload"] = GpuTime(executed, m["end"])
-        return out
-
-    def launch(self) -> None:
-        pass
-
-    def ready(self) -> bool:
-        return self.marks["end"].query()
-
-    def release(self) -> None:
-        for marker in self.marks.values():
-            marker.release()
-        self.marks = {}
-
-
-# ---------------------------------------------------------------------------- batches
-
-
-class Pending(Protocol):
-    """Work a queued ``log()`` call waits for before the sender encodes it."""
-
-    def launch(self) -> None:
-        """Queue the remaining device work (sender thread, once)."""
-        ...
-
-    def ready(self) -> bool: ...
-
-    def release(self) -> None:
-        """The values were read: give back events and buffers."""
-        ...
-
-
-class _Known:
-    """A device value whose state needed no device work (an empty tensor)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: State) -> None:
-        self.value = value
-
-    def state(self) -> State:
-        return self.value
 
 
 class DeviceBatch:
@@ -279,7 +136,7 @@ class DeviceBatch:
 
     # ---- the caller's side
 
-    def add_array(self, values: Any, mask: Any | None) -> _ArrayRef | _Known:
+    def add_array(self, values: Any, mask: Any | None) -> _ArrayRef | Known:
         ctx, torch = self.context, self.context.ops.torch
         values = values.detach()
         if mask is not None:
@@ -287,7 +144,7 @@ class DeviceBatch:
             if n != values.numel():
                 raise InvalidValue(f"mask has {n} elements but values have {values.numel()}")
         if values.numel() == 0:
-            return _Known(EMPTY)
+            return Known(NOTHING)
         if mask is not None:
             if not isinstance(mask, torch.Tensor):
                 mask = ctx.ops.upload(np.asarray(mask, dtype=bool).reshape(-1), values.device)
@@ -378,7 +235,7 @@ class DeviceContext:
     """A producer's device state: the ops, the snapshot budget, and the routing test
     ``log()`` runs on every value that is not a plain number."""
 
-    def __init__(self, ops: DeviceOps, snapshot_limit_bytes: int = SNAPSHOT_LIMIT_BYTES) -> None:
+    def __init__(self, ops: DeviceOps, snapshot_limit_bytes: int) -> None:
         self.ops = ops
         self.limit = snapshot_limit_bytes
         self._taken = 0  # written by callers only

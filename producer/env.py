@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from producer.sender import CurveKeys
+from producer.transport import CurveKeys
 
 ADDRESS_VAR = "RLPULSE_ADDRESS"
 """Collector address for workers that are not told one (Ray actors inherit it via runtime_env)."""

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec
 
 from producer.client import Producer
+from producer.config import FLUSH_TIMEOUT_S
 from schemas.protocol import STAT_KEYS
 
 _P = ParamSpec("_P")
@@ -73,7 +74,7 @@ class NullProducer:
     def step_done(self, step: int) -> None:
         pass
 
-    def flush(self, timeout: float = 5.0) -> bool:
+    def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         return True
 
     def close(self, timeout: float | None = None) -> None:

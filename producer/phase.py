@@ -23,17 +23,38 @@ GPU ``execute``. The end of a phase also has the sender read the GPUs through NV
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from producer.device import PhaseTimer
+from producer.deferred import DeviceValue, Pending, PhaseTimer
 from producer.memory import DeviceMemory, MemoryProbe
 from schemas.metrics import MEMORY_CPU, MEMORY_GPU, TIME_PHASE, TIME_PHASE_GPU
 
 if TYPE_CHECKING:
-    from producer.client import Producer
+    from producer.device import DeviceContext
+
+
+class Emit(Protocol):
+    def __call__(
+        self,
+        data: Mapping[str, Any],
+        step: int,
+        waits: tuple[Pending, ...] = (),
+        deferred: Mapping[str, DeviceValue] | None = None,
+        phase: bool = False,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class PhaseHooks:
+    """What a phase may ask of its producer, and nothing more: log its metrics at the end
+    (with GPU times still to come), the producer's GPU context, and count an error."""
+
+    emit: Emit
+    device: Callable[[], DeviceContext | None]
+    error: Callable[[str, BaseException], None]
 
 
 @dataclass(frozen=True)
@@ -81,14 +102,14 @@ class Phase:
 
     def __init__(
         self,
-        producer: Producer,
+        hooks: PhaseHooks,
         names: PhaseNames | None,
         step: int,
         probe: MemoryProbe,
         onload: Callable[[], object] | None = None,
         offload: Callable[[], object] | None = None,
     ) -> None:
-        self._producer = producer
+        self._hooks = hooks
         self._names = names
         self._step = step
         self._probe = probe
@@ -126,10 +147,10 @@ class Phase:
         if self._names is None:
             return self
         try:
-            device = self._producer.device()
+            device = self._hooks.device()
             self._timer = device.phase_timer() if device is not None else None
         except Exception as exc:  # a CUDA error must not break training
-            self._producer._note_error("phase GPU timer", exc)
+            self._hooks.error("phase GPU timer", exc)
         try:
             rss, vms = self._probe.cpu()
             self._metrics[self._names.cpu("start", "rss")] = rss
@@ -137,7 +158,7 @@ class Phase:
             self._probe.reset_peaks()
             self._gpu("start", "offload")
         except Exception as exc:  # a probe must never break training
-            self._producer._note_error("phase probe", exc)
+            self._hooks.error("phase probe", exc)
         if self._onload is not None:
             t = time.perf_counter()
             self._onload()
@@ -146,7 +167,7 @@ class Phase:
         try:
             self._gpu("start", "onload")
         except Exception as exc:
-            self._producer._note_error("phase probe", exc)
+            self._hooks.error("phase probe", exc)
         self._t_exec = time.perf_counter()
         return self
 
@@ -165,7 +186,7 @@ class Phase:
         try:
             self._gpu("end", "onload", fractions=True)
         except Exception as err:
-            self._producer._note_error("phase probe", err)
+            self._hooks.error("phase probe", err)
         if self._offload is not None:
             t = time.perf_counter()
             try:
@@ -178,15 +199,15 @@ class Phase:
             self._metrics[names.cpu("end", "rss")] = rss
             self._metrics[names.cpu("end", "vms")] = vms
         except Exception as err:
-            self._producer._note_error("phase probe", err)
+            self._hooks.error("phase probe", err)
         self._metrics[names.time("execute")] = execute
         self._metrics[names.time("total")] = time.perf_counter() - self._t0
         timer = self._timer
         if timer is not None and self._mark("end"):
             times = {names.gpu_time(part): t for part, t in timer.times().items()}
-            self._producer._log(self._metrics, self._step, (timer,), times, phase=True)
+            self._hooks.emit(self._metrics, self._step, (timer,), times, phase=True)
         else:
-            self._producer._log(self._metrics, self._step, phase=True)
+            self._hooks.emit(self._metrics, self._step, phase=True)
 
     def _mark(self, point: str) -> bool:
         """Record a timing marker; on a CUDA error give the timer up (counted)."""
@@ -196,6 +217,6 @@ class Phase:
             self._timer.mark(point)
             return True
         except Exception as exc:
-            self._producer._note_error("phase GPU timer", exc)
+            self._hooks.error("phase GPU timer", exc)
             self._timer = None
             return False

@@ -4,8 +4,8 @@ Host data (numbers, numpy arrays, CPU tensors) is reduced here, at once. Tensors
 handed to ``producer.device``: the caller only snapshots them, and the sender thread reduces
 them later, so ``log()`` never waits for the GPU. Raw arrays never leave the producer.
 
-A reduced value is ``(sum, weight, min, max, nonfinite)``: non-finite samples are left out of
-the state and counted, and ``min``/``max`` are NaN when no sample defines them.
+A reduced value is ``(Summary, nonfinite)``: the mergeable state of ``schemas.values`` and how
+many non-finite samples were left out of it (counted, never merged).
 
 The numpy path does the least an exact reduction needs: one float64 sum, a min and a max over
 the data as it is (no float64 copy; a mask selects its samples with one ``np.compress``). A
@@ -22,44 +22,45 @@ from typing import Any
 import numpy as np
 
 from producer.values import Fraction, Masked, Weighted
+from schemas.values import EMPTY, Summary
 
-State = tuple[float, float, float, float, int]
-NAN = math.nan
-EMPTY: State = (0.0, 0.0, NAN, NAN, 0)
+Reduced = tuple[Summary, int]
+"""A state and the number of non-finite samples left out of it."""
+NOTHING: Reduced = (EMPTY, 0)
 
 
 class InvalidValue(TypeError):
     """A value ``log()`` cannot turn into samples; the message says why."""
 
 
-def finish(s: float, w: float, mn: float, mx: float, nf: int) -> State:
+def finish(s: float, w: float, mn: float, mx: float, nf: int) -> Reduced:
     """A state from raw reduction outputs: no weight means no extremes either."""
     if w <= 0:
-        return (0.0, 0.0, NAN, NAN, nf)
+        return (EMPTY, nf)
     if not math.isfinite(s):
         raise InvalidValue(f"the sum of the samples overflows float64 ({s})")
-    return (float(s), float(w), float(mn), float(mx), nf)
+    return (Summary(float(s), float(w), float(mn), float(mx)), nf)
 
 
-def weighted_state(v: float, w: float) -> State:
+def weighted_state(v: float, w: float) -> Reduced:
     """``Weighted(v, w)`` from host numbers: a mean over ``w`` samples, extremes unknown."""
     if not math.isfinite(w) or w < 0:
         raise InvalidValue(f"Weighted weight must be finite and non-negative, got {w}")
     if not math.isfinite(v):
-        return (0.0, 0.0, NAN, NAN, 1)
-    return (v * w, w, NAN, NAN, 0) if w > 0 else EMPTY
+        return (EMPTY, 1)
+    return (Summary.of_weighted(v, w), 0)
 
 
-def fraction_state(num: float, den: float) -> State:
+def fraction_state(num: float, den: float) -> Reduced:
     """``Fraction(num, den)`` from host numbers: the two slots of a pooled ratio."""
     if not (math.isfinite(num) and math.isfinite(den)) or den < 0 or num < 0:
         raise InvalidValue(f"Fraction needs finite, non-negative parts, got {num}/{den}")
-    return (num, den, NAN, NAN, 0)
+    return (Summary.of_fraction(num, den), 0)
 
 
-def scalar_state(x: float) -> State:
-    """One sample."""
-    return (x, 1.0, x, x, 0) if math.isfinite(x) else (0.0, 0.0, NAN, NAN, 1)
+def scalar_state(x: float) -> Reduced:
+    """One sample (none, counted, if it is not finite)."""
+    return (Summary.of_scalar(x), 0) if math.isfinite(x) else (EMPTY, 1)
 
 
 def _torch() -> Any:
@@ -90,7 +91,7 @@ def scalar(value: Any, what: str) -> float:
     raise InvalidValue(f"{what} must be a number, got {type(value).__name__}")
 
 
-def _numpy(values: Any, mask: Any | None) -> State:
+def _numpy(values: Any, mask: Any | None) -> Reduced:
     try:
         arr = np.asarray(values)
         if arr.dtype.kind not in "biuf":
@@ -104,7 +105,7 @@ def _numpy(values: Any, mask: Any | None) -> State:
             raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
         arr = np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr)
     if arr.size == 0:
-        return EMPTY
+        return NOTHING
     s = float(np.sum(arr, dtype=np.float64))
     if math.isfinite(s):  # then every sample is finite
         return finish(s, float(arr.size), float(arr.min()), float(arr.max()), 0)
@@ -112,7 +113,7 @@ def _numpy(values: Any, mask: Any | None) -> State:
     sel = np.compress(finite, arr)
     nonfinite = int(arr.size - sel.size)
     if sel.size == 0:
-        return (0.0, 0.0, NAN, NAN, nonfinite)
+        return (EMPTY, nonfinite)
     s = float(np.sum(sel, dtype=np.float64))
     return finish(s, float(sel.size), float(sel.min()), float(sel.max()), nonfinite)
 
@@ -125,7 +126,7 @@ def _numpy_view(tensor: Any) -> np.ndarray | None:
         return None
 
 
-def reduce_host_tensor(values: Any, mask: Any | None) -> State:
+def reduce_host_tensor(values: Any, mask: Any | None) -> Reduced:
     """Reduce a tensor with torch where it lives, synchronously: CPU tensors numpy cannot
     view, and devices other than CUDA (no deferral there)."""
     from producer.device import reduce_tensor
@@ -138,12 +139,12 @@ def reduce_host_tensor(values: Any, mask: Any | None) -> State:
             raise InvalidValue(f"mask has {mask.numel()} elements but values have {values.numel()}")
         mask = mask.to(values.device)
     if values.numel() == 0:
-        return EMPTY
+        return NOTHING
     s, w, mn, mx, nf = reduce_tensor(torch, values, mask).tolist()
     return finish(s, w, mn, mx, int(nf))
 
 
-def reduce_value(value: Any) -> State:
+def reduce_value(value: Any) -> Reduced:
     """Reduce one logged value now; raise :class:`InvalidValue` if it cannot be read.
 
     ``log()`` sends GPU tensors to ``producer.device`` before it gets here; a GPU tensor that

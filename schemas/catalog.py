@@ -152,6 +152,22 @@ class Template:
             yield self.pattern.format(**combo)
 
 
+def family(name: str, unit: str, help: str, fmt: str = "{name}/{stat}") -> Entry:
+    """A pooled mean reported with its global max and min (``critic/advantages/mean``...).
+
+    >>> sorted(family("a/b", "1", "x").output_names().values())
+    ['a/b/max', 'a/b/mean', 'a/b/min']
+    """
+    return Entry(
+        name,
+        Reduction.MEAN,
+        unit,
+        help,
+        outputs=(Stat.MEAN, Stat.MAX, Stat.MIN),
+        output_format=fmt,
+    )
+
+
 class Catalog:
     """Entries and templates, looked up by any logged name. Lookups are cached."""
 

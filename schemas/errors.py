@@ -1,4 +1,5 @@
-"""Errors raised by the schemas package."""
+"""The errors rlpulse raises on bad input: on the wire (:class:`SchemaError`) and in
+configuration (:class:`ConfigError`), shared by every package."""
 
 from __future__ import annotations
 
@@ -38,3 +39,18 @@ class SchemaError(ValueError):
         self.reason = reason
         self.detail = detail
         self.data = data
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; ``field`` names it (``tracker_kwargs.jsonl.path``).
+
+    >>> str(ConfigError("grace_s", "must be positive", -1))
+    'grace_s: must be positive (got -1)'
+    """
+
+    def __init__(self, field: str, problem: str, value: Any = None) -> None:
+        got = "" if value is None else f" (got {value!r})"
+        super().__init__(f"{field}: {problem}{got}")
+        self.field = field
+        self.problem = problem
+        self.value = value

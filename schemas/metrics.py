@@ -22,8 +22,36 @@ ratio and clipfrac over every response token, including samples its filters drop
 
 from __future__ import annotations
 
-from schemas.catalog import Catalog, Entry, Template
+from schemas.catalog import Catalog, Entry, Template, family
+from schemas.evaluation import (  # held-out validation, listed here
+    VAL_ACCURACY as VAL_ACCURACY,
+    VAL_DISTINCT_1 as VAL_DISTINCT_1,
+    VAL_DISTINCT_2 as VAL_DISTINCT_2,
+    VAL_REPETITION_RATE as VAL_REPETITION_RATE,
+    VAL_SCORE as VAL_SCORE,
+)
 from schemas.reductions import Reduction, Stat
+from schemas.system import (  # run-level throughput and stage times, listed here
+    SYSTEM_SAMPLES as SYSTEM_SAMPLES,
+    SYSTEM_STEP_SAMPLES as SYSTEM_STEP_SAMPLES,
+    SYSTEM_STEP_TOKENS as SYSTEM_STEP_TOKENS,
+    SYSTEM_TOKENS as SYSTEM_TOKENS,
+    SYSTEM_TPS as SYSTEM_TPS,
+    TIME_ADV as TIME_ADV,
+    TIME_OLD_LOG_PROBS_VALUES as TIME_OLD_LOG_PROBS_VALUES,
+    TIME_REF_LOG_PROBS_VALUES_REWARD as TIME_REF_LOG_PROBS_VALUES_REWARD,
+    TIME_ROLLOUT as TIME_ROLLOUT,
+)
+from schemas.topology import (  # the templates are defined with the topology, listed here
+    GPU_DEVICE_MEMORY as GPU_DEVICE_MEMORY,
+    GPU_POWER as GPU_POWER,
+    GPU_TEMPERATURE as GPU_TEMPERATURE,
+    GPU_UTILIZATION as GPU_UTILIZATION,
+    MEMORY_CPU as MEMORY_CPU,
+    MEMORY_GPU as MEMORY_GPU,
+    TIME_PHASE as TIME_PHASE,
+    TIME_PHASE_GPU as TIME_PHASE_GPU,
+)
 
 MEAN, FRACTION, SUM, MAX, LAST = (
     Reduction.MEAN,
@@ -32,21 +60,8 @@ MEAN, FRACTION, SUM, MAX, LAST = (
     Reduction.MAX,
     Reduction.LAST,
 )
-MEAN_MAX_MIN = (Stat.MEAN, Stat.MAX, Stat.MIN)
 UNDERSCORE = "{name}_{stat}"
 
-
-def _family(name: str, unit: str, help: str, fmt: str = "{name}/{stat}") -> Entry:
-    """A pooled mean reported with its global max and min."""
-    return Entry(name, MEAN, unit, help, outputs=MEAN_MAX_MIN, output_format=fmt)
-
-
-# Validation
-VAL_SCORE = _family(
-    "val/score",
-    "score",
-    "Score of one validation episode on held-out prompts; pooled over episodes.",
-)
 
 # Value function
 CRITIC_LR = Entry(
@@ -94,10 +109,10 @@ CRITIC_ERROR = Entry(
 )
 
 # Rewards and advantages
-CRITIC_SCORE = _family(
+CRITIC_SCORE = family(
     "critic/score", "score", "Raw environment/verifier score of one response (ROLL and verl)."
 )
-CRITIC_REWARDS = _family(
+CRITIC_REWARDS = family(
     "critic/rewards",
     "1",
     "Reward that enters the advantage, for one non-empty response: the sum of its token-level "
@@ -105,23 +120,23 @@ CRITIC_REWARDS = _family(
     "kl_coef times its summed k1 KL to the reference when ppo.kl_placement is reward. ROLL and "
     "verl both report token_level_rewards.sum(-1), after the KL penalty.",
 )
-CRITIC_ADVANTAGES = _family(
+CRITIC_ADVANTAGES = family(
     "critic/advantages",
     "1",
     "Advantage of one response token (after whitening); pooled over tokens (ROLL and verl).",
 )
-CRITIC_RETURNS = _family(
+CRITIC_RETURNS = family(
     "critic/returns", "1", "Return of one response token; pooled over tokens (ROLL and verl)."
 )
-CRITIC_VALUES = _family(
+CRITIC_VALUES = family(
     "critic/values",
     "1",
     "Old critic's value at one response token; pooled over tokens (ROLL and verl).",
 )
-RESPONSE_LENGTH = _family(
+RESPONSE_LENGTH = family(
     "tokens/response_length", "tokens", "Length of one generated response in tokens."
 )
-PROMPT_LENGTH = _family("tokens/prompt_length", "tokens", "Length of one prompt in tokens.")
+PROMPT_LENGTH = family("tokens/prompt_length", "tokens", "Length of one prompt in tokens.")
 
 # Policy
 ACTOR_LR = Entry("actor/lr", LAST, "1", "Actor optimizer learning rate (the same on every rank).")
@@ -152,7 +167,7 @@ ACTOR_PPO_RATIO_CLIPFRAC = Entry(
     "Share of loss tokens whose ratio is outside [1 - clip_low, 1 + clip_high]: "
     f"{_TOKEN_MEAN} (ROLL).",
 )
-ACTOR_RATIO = _family(
+ACTOR_RATIO = family(
     "actor/ratio",
     "ratio",
     "Importance ratio exp(logp - logp_old) of the loss tokens. _mean: per-sequence token mean, "
@@ -268,7 +283,7 @@ ACTOR_VALID_SAMPLE_RATIO = Entry(
     "ratio",
     "Valid samples over all samples, pooled over ranks.",
 )
-ACTOR_SAMPLE_WEIGHTS = _family(
+ACTOR_SAMPLE_WEIGHTS = family(
     "actor/sample_weights", "1", "Weight of one training sample.", UNDERSCORE
 )
 
@@ -294,176 +309,7 @@ ACTOR_NEGATIVE_SFT_LOSS = Entry(
     "actor/sft_loss on tokens of the other samples, pooled over tokens.",
 )
 
-# System throughput: producers log the step's tokens and samples, the collector derives the rest.
-SYSTEM_STEP_TOKENS = Entry(
-    "system/step_tokens",
-    SUM,
-    "tokens",
-    "Tokens in the training batch (attention-mask sum) processed by this rank in this step. "
-    "Log it from the ranks that train the policy only, each for its own shard.",
-)
-SYSTEM_STEP_SAMPLES = Entry(
-    "system/step_samples",
-    SUM,
-    "samples",
-    "Samples this rank trained on in this step (its own shard).",
-)
-SYSTEM_TPS = Entry(
-    "system/tps",
-    SUM,
-    "tokens/s",
-    "system/step_tokens summed over ranks and over the last tps_window steps, divided by the "
-    "wall time of those steps. A step's wall time runs from the end of the previous step to its "
-    "own end, a step ending at the latest log() timestamp of any rank. Computed by the collector.",
-    derived=True,
-)
-SYSTEM_SAMPLES = Entry(
-    "system/samples",
-    SUM,
-    "samples",
-    "Samples actually trained on since the run started (cumulative system/step_samples). "
-    "Computed by the collector.",
-    derived=True,
-    cumulative=True,
-)
-SYSTEM_TOKENS = Entry(
-    "system/tokens",
-    SUM,
-    "tokens",
-    "Tokens trained on since the run started (cumulative system/step_tokens). "
-    "Computed by the collector.",
-    derived=True,
-    cumulative=True,
-)
-
-# Driver stage timings
-TIME_ROLLOUT = Entry("time/rollout", MAX, "s", "Driver seconds spent collecting rollouts.")
-TIME_REF_LOG_PROBS_VALUES_REWARD = Entry(
-    "time/ref_log_probs_values_reward",
-    MAX,
-    "s",
-    "Driver seconds computing reference log-probs, values and rewards.",
-)
-TIME_OLD_LOG_PROBS_VALUES = Entry(
-    "time/old_log_probs_values",
-    MAX,
-    "s",
-    "Driver seconds computing old-policy log-probs and values.",
-)
-TIME_ADV = Entry("time/adv", MAX, "s", "Driver seconds computing advantages.")
-
-# Per-phase timings and memory. {cluster} is the worker group (actor_train, critic, ...).
-PHASES = (
-    "train_step",
-    "generate",
-    "model_update",
-    "compute_log_probs",
-    "do_checkpoint",
-    "compute_values",
-    "compute_rewards",
-)
-TIME_PHASE = Template(
-    "time/{cluster}/{phase}/{part}",
-    MAX,
-    "s",
-    "Seconds a rank spent in a phase: total, the work itself (execute), and loading (onload) "
-    "and unloading (offload) model state; the maximum across ranks.",
-    choices={"part": ("total", "execute", "onload", "offload")},
-)
-_GPU_STATS = ("allocated", "reserved", "max_allocated", "max_reserved")
-_FRAC_STATS = ("max_allocated_frac", "max_reserved_frac")
-MEMORY_GPU = Template(
-    "memory/{cluster}/{phase}/{when}/{state}/{stat}/{device_id}",
-    MAX,
-    "GiB",
-    "GPU memory on one worker-local device at a phase boundary (torch.cuda statistics; max_* "
-    "since the phase began); the maximum across ranks. start/offload: before loading state, "
-    "start/onload: after loading, end/onload: after the work, end/offload: after unloading.",
-    choices={
-        "when": ("start", "end"),
-        "state": ("offload", "onload"),
-        "stat": _GPU_STATS + _FRAC_STATS,
-    },
-    units={"stat=max_allocated_frac": "ratio", "stat=max_reserved_frac": "ratio"},
-)
-MEMORY_CPU = Template(
-    "memory/cpu/{cluster}/{phase}/{when}/{kind}",
-    MAX,
-    "GiB",
-    "Resident (rss) and virtual (vms) memory of the worker process at the start and end of a "
-    "phase (psutil); the maximum across ranks.",
-    choices={"when": ("start", "end"), "kind": ("rss", "vms")},
-)
-
-TIME_PHASE_GPU = Template(
-    "time/{cluster}/{phase}/gpu/{part}",
-    MAX,
-    "s",
-    "GPU seconds of a phase on the rank's current CUDA stream, between CUDA events recorded at "
-    "the phase boundaries (start, after onload, before offload, end): the work the phase "
-    "queued, which host time misses when the GPU runs behind the host. Read off the caller's "
-    "thread, without synchronizing; the maximum across ranks. Absent without CUDA.",
-    choices={"part": ("total", "execute", "onload", "offload")},
-)
-GPU_DEVICE_MEMORY = Template(
-    "gpu/{cluster}/{device_id}/{stat}",
-    MAX,
-    "GiB",
-    "GPU memory as the driver reports it (NVML), read by the worker's sender thread at phase "
-    "ends and every gpu_sample_s: memory_used is the whole device (CUDA contexts and other "
-    "processes included), memory_total its capacity, memory_process this worker and its child "
-    "processes (a vLLM engine started by the rollout worker counts here). The maximum over "
-    "the step's readings and across ranks.",
-    choices={"stat": ("memory_used", "memory_total", "memory_process")},
-)
-GPU_UTILIZATION = Template(
-    "gpu/{cluster}/{device_id}/utilization",
-    MEAN,
-    "ratio",
-    "Share of the last sample period in which a kernel ran on the device (NVML utilization), "
-    "averaged over the step's readings and across ranks.",
-)
-GPU_POWER = Template(
-    "gpu/{cluster}/{device_id}/power",
-    MEAN,
-    "W",
-    "Board power draw (NVML), averaged over the step's readings and across ranks.",
-)
-GPU_TEMPERATURE = Template(
-    "gpu/{cluster}/{device_id}/temperature",
-    MAX,
-    "celsius",
-    "GPU core temperature (NVML), the maximum over the step's readings and across ranks.",
-)
-
-# Evaluation views (emitted by trainer/)
-VAL_ACCURACY = Entry(
-    "val/accuracy",
-    FRACTION,
-    "ratio",
-    "Task accuracy: share of held-out validation prompts answered exactly.",
-)
-VAL_DISTINCT_1 = Entry(
-    "val/distinct_1",
-    FRACTION,
-    "ratio",
-    "Response diversity: distinct unigrams over all unigrams across the validation responses "
-    "(computed in one place, the driver; 1 means nothing repeats).",
-)
-VAL_DISTINCT_2 = Entry(
-    "val/distinct_2",
-    FRACTION,
-    "ratio",
-    "Response diversity: distinct bigrams over all bigrams across the validation responses "
-    "(computed in one place, the driver).",
-)
-VAL_REPETITION_RATE = Entry(
-    "val/repetition_rate",
-    FRACTION,
-    "ratio",
-    "Share of bigrams in a validation response that repeat an earlier bigram of the same "
-    "response, pooled over responses.",
-)
+# Training-set views (emitted by trainer/)
 CRITIC_ACCURACY = Entry(
     "critic/accuracy",
     FRACTION,
@@ -487,7 +333,7 @@ ACTOR_REF_KL = Entry(
 )
 
 ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))
-TEMPLATES = (
+TEMPLATES: tuple[Template, ...] = (
     TIME_PHASE,
     TIME_PHASE_GPU,
     MEMORY_GPU,

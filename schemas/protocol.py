@@ -1,4 +1,5 @@
-"""The rlpulse wire protocol, version 1: msgpack maps over ZeroMQ. See ``PROTOCOL.md``.
+"""The rlpulse wire protocol, version 1: msgpack maps over ZeroMQ. See ``PROTOCOL.md``. The
+message types (``schemas.messages``) are importable from here too.
 
 Only msgpack's core types are used (no ext types, no pickle). :func:`decode` validates every
 field and raises :class:`SchemaError` naming what was wrong; nothing it returns needs checking
@@ -16,120 +17,34 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
 
 from schemas.errors import SchemaError
+from schemas.messages import (
+    DEFAULT_LIMITS as DEFAULT_LIMITS,
+    DROP_KEYS as DROP_KEYS,
+    RELIABLE as RELIABLE,
+    STAT_KEYS as STAT_KEYS,
+    Ack as Ack,
+    Bye as Bye,
+    Done as Done,
+    Entry as Entry,
+    Heartbeat as Heartbeat,
+    Hello as Hello,
+    Limits as Limits,
+    Message as Message,
+    Metrics as Metrics,
+)
 from schemas.reductions import Reduction
 from schemas.values import MIN, WEIGHT, WIDTH
 
 VERSION = 1
 HELLO, METRICS, DONE, HEARTBEAT, BYE, ACK = "hello", "metrics", "done", "heartbeat", "bye", "ack"
-STAT_KEYS = (
-    "logged",
-    "sent_messages",
-    "resent_messages",
-    "unacked",
-    "dropped_queue_full",
-    "dropped_buffer_full",
-    "dropped_send",
-    "invalid",
-    "nonfinite",
-    "errors",
-)
-"""Producer counters carried by heartbeats and the goodbye (see ``producer.stats()``)."""
 _KIND_CODES = frozenset(int(r) for r in Reduction)
 _MAX_U63 = 2**63 - 1
 _ROW_BYTES = WIDTH * 8
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds the decoder enforces on one message."""
-
-    max_bytes: int = 8 * 1024 * 1024
-    max_entries: int = 4096
-    max_names: int = 10_000
-    max_name_length: int = 256
-    max_label_length: int = 128
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """Registration. ``seq`` is the producer's oldest unacknowledged sequence number: every
-    reliable message below it has been acknowledged."""
-
-    producer: int
-    seq: int
-    run: str
-    role: str
-    rank: int
-    world_size: int
-    host: str
-    pid: int
-    expected: Mapping[str, int] = field(default_factory=dict)
-    """The run's whole topology, role -> world size, when the producer knows it: the
-    collector then waits for roles that have not registered yet."""
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One ``log()`` call: its step, wall-clock time and the states of its metrics."""
-
-    step: int
-    time: float
-    names: tuple[str, ...]
-    kinds: bytes
-    values: np.ndarray
-    """float64, shape (len(names), 4): sum, weight, min, max per name."""
-    nonfinite: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Metrics:
-    producer: int
-    seq: int
-    entries: tuple[Entry, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """The producer has finished every step up to and including ``step``."""
-
-    producer: int
-    seq: int
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    producer: int
-    seq: int
-    stats: Mapping[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Bye:
-    """The producer is closing: it has finished every step it will log."""
-
-    producer: int
-    seq: int
-    stats: Mapping[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Collector to producer: every reliable message up to ``seq`` is durably accepted."""
-
-    producer: int
-    seq: int
-
-
-Message = Hello | Metrics | Done | Heartbeat | Bye | Ack
-RELIABLE = (Metrics, Done, Bye)
-"""Messages that carry data: sequenced, acknowledged, resent until acknowledged."""
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -342,7 +257,7 @@ def _entry(raw: object, limits: Limits) -> Entry:
     return Entry(step, float(t), checked, kinds, rows, nonfinite)
 
 
-def decode(buf: bytes, limits: Limits = Limits()) -> Message:
+def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse and validate one message; raise :class:`SchemaError` saying what is wrong."""
     if len(buf) > limits.max_bytes:
         raise SchemaError(

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from schemas.reductions import Reduction, Stat
 
 NAN = math.nan
-WIDTH = 4
-"""Numbers per state on the wire and in the collector's arrays."""
-SUM, WEIGHT, MIN, MAX = range(WIDTH)
 
 
 def _fmin(a: float, b: float) -> float:
@@ -52,10 +49,14 @@ def _fmax(a: float, b: float) -> float:
     return a if a >= b else b
 
 
-@dataclass(frozen=True, slots=True)
-class Summary:
-    """Sum, weight and extremes of some samples; merges associatively and commutatively
-    (``LAST`` aside, which keeps the later of two states)."""
+class Summary(NamedTuple):
+    """Sum, weight and extremes of some samples: the one mergeable state. A tuple in wire
+    order, so the producer packs it and the collector's arrays hold it as it is. Merges
+    associatively and commutatively (``LAST`` aside, which keeps the later of two states).
+
+    >>> Summary.of_fraction(3, 40)
+    Summary(sum=3.0, weight=40.0, min=nan, max=nan)
+    """
 
     sum: float = 0.0
     weight: float = 0.0
@@ -64,9 +65,9 @@ class Summary:
 
     @classmethod
     def of_scalar(cls, value: float) -> Summary:
-        """One sample."""
+        """One sample (finite: a non-finite one is no sample, see ``of_samples``)."""
         v = float(value)
-        return cls(v, 1.0, v, v)
+        return tuple.__new__(cls, (v, 1.0, v, v))
 
     @classmethod
     def of_samples(cls, values: Iterable[float]) -> Summary:
@@ -74,13 +75,14 @@ class Summary:
         arr = np.asarray(list(values), dtype=np.float64).ravel()
         arr = arr[np.isfinite(arr)]
         if arr.size == 0:
-            return cls()
+            return EMPTY
         return cls(float(arr.sum()), float(arr.size), float(arr.min()), float(arr.max()))
 
     @classmethod
     def of_weighted(cls, value: float, weight: float) -> Summary:
         """A mean over ``weight`` samples whose extremes are unknown."""
-        return cls(float(value) * float(weight), float(weight), NAN, NAN)
+        w = float(weight)
+        return cls(float(value) * w, w, NAN, NAN) if w > 0 else EMPTY
 
     @classmethod
     def of_fraction(cls, numerator: float, denominator: float) -> Summary:
@@ -99,10 +101,14 @@ class Summary:
 
     def read(self, stat: Stat) -> float | None:
         """The statistic, or None when the samples do not define it (no weight, no extremes)."""
-        return read_row(self.as_row(), stat)
+        return read_row(self, stat)
 
-    def as_row(self) -> tuple[float, float, float, float]:
-        return (self.sum, self.weight, self.min, self.max)
+
+EMPTY = Summary()
+"""No samples: zero sum and weight, extremes not observed."""
+WIDTH = len(Summary._fields)
+"""Numbers per state on the wire and in the collector's arrays."""
+SUM, WEIGHT, MIN, MAX = range(WIDTH)
 
 
 def merge_rows(

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import yaml
 
+from collector.config import CollectorConfig
 from collector.launch import start_collector
-from collector.runtools.cli import main as run_tools
-from collector.runtools.compare import RUN_CONFIG
-from schemas import Stat
-from schemas import metrics as M
+from runtools.cli import main as run_tools
+from runtools.compare import RUN_CONFIG
+from schemas import Stat, metrics as M
 from trainer.__main__ import main as trainer_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,13 +37,11 @@ def main() -> int:
     cfg = yaml.safe_load(CONFIG.read_text())
     run_dir = ROOT / cfg["output_dir"] / cfg["run"]
     run_dir.mkdir(parents=True, exist_ok=True)
-    collector_cfg = cfg["collector"]
-    kwargs = collector_cfg["tracker_kwargs"]
-    jsonl = run_dir / kwargs["jsonl"]["path"]
+    collector_cfg = CollectorConfig.from_mapping({**cfg["collector"], "settle_s": 0})
+    collector_cfg = collector_cfg.placed_under(run_dir)
+    jsonl = Path(collector_cfg.trackers["jsonl"]["path"])
     jsonl.unlink(missing_ok=True)  # a fresh demo each time
-    kwargs["jsonl"]["path"] = str(jsonl)
-    kwargs["tensorboard"]["log_dir"] = str(run_dir / kwargs["tensorboard"]["log_dir"])
-    prom = kwargs["prometheus"]
+    prom = collector_cfg.trackers["prometheus"]
     metrics_url = f"http://{prom['host']}:{prom['port']}/metrics"
     # Printed while it runs, so a reader knows where to look before the end.
     print(
@@ -51,7 +49,7 @@ def main() -> int:
         f"  live /metrics while it runs: {live_metrics_hint(metrics_url)}",
         flush=True,
     )
-    with start_collector({**collector_cfg, "settle_s": 0}) as collector:
+    with start_collector(collector_cfg) as collector:
         argv = ["--config", str(CONFIG), "--collector", collector.address]
         if args.steps:
             argv += ["--steps", str(args.steps)]

@@ -19,7 +19,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from collector.errors import ConfigError  # one error type for every config file
+from schemas.errors import ConfigError  # one error type for every config file
+from schemas.topology import ACTOR_TRAIN, CRITIC, DRIVER, REFERENCE, REWARD, ROLLOUT
 
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -336,9 +337,7 @@ class TrainerConfig:
         """This run's Producer for one worker, or a NullProducer with metrics off."""
         from producer import NullProducer, Producer
 
-        if not self.metrics:
-            return NullProducer()
-        return Producer(
+        return (Producer if self.metrics else NullProducer)(
             address,
             run=self.run,
             role=role,
@@ -351,14 +350,14 @@ class TrainerConfig:
         """Every role of the run with its world size, declared to the collector so it waits
         for workers still starting up instead of emitting a step without them."""
         roles = {
-            "actor_train": self.cluster.actor_train_ranks,
-            "reference": 1,
-            "rollout": 1,
-            "reward": 1,
-            "driver": 1,
+            ACTOR_TRAIN: self.cluster.actor_train_ranks,
+            REFERENCE: 1,
+            ROLLOUT: 1,
+            REWARD: 1,
+            DRIVER: 1,
         }
         if self.ppo.algorithm == "ppo":
-            roles["critic"] = 1
+            roles[CRITIC] = 1
         return roles
 
     def __post_init__(self) -> None:

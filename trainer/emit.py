@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from producer import Fraction, Masked, Weighted
-from schemas import Stat
-from schemas import metrics as m
+from schemas import Stat, metrics as m
 from trainer import ppo
 from trainer.advantage import AdvantageResult
 from trainer.batch import RolloutBatch

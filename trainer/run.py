@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +10,8 @@ from typing import Any
 import torch
 import yaml
 
-from collector.runtools.compare import RUN_CONFIG
+from runtools.compare import RUN_CONFIG
+from schemas.topology import DRIVER
 from trainer.config import TrainerConfig, to_dict
 from trainer.driver import Driver, RunResult
 from trainer.model import build_policy
@@ -20,27 +20,7 @@ from trainer.task import Task, build_task
 from trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger("rlpulse.trainer")
-_PATH_KEYS = ("path", "log_dir", "logdir")
-
-
-def collector_config(cfg: TrainerConfig) -> dict[str, Any]:
-    """The collector's config with relative sink paths placed in the run directory."""
-    raw = copy.deepcopy(dict(cfg.collector))
-    kwargs = raw.get("tracker_kwargs") or {}
-
-    def place(section: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(section)
-        for key in _PATH_KEYS:
-            value = out.get(key)
-            if isinstance(value, str) and not Path(value).is_absolute():
-                out[key] = str((cfg.run_dir / value).resolve())
-        return out
-
-    if isinstance(raw.get("track_with"), str):  # ROLL's form: kwargs of the one tracker
-        raw["tracker_kwargs"] = place(kwargs)
-    else:
-        raw["tracker_kwargs"] = {k: place(v or {}) for k, v in kwargs.items()}
-    return raw
+FREE_PORT = "tcp://127.0.0.1:*"
 
 
 def save_config(cfg: TrainerConfig) -> Path:
@@ -93,11 +73,12 @@ def train(cfg: TrainerConfig) -> RunResult:
     collector = None
     address = cfg.collector_address
     if address is None and cfg.metrics:
+        from collector.config import CollectorConfig
         from collector.launch import start_collector
 
-        ccfg = collector_config(cfg)
-        bind = ccfg.pop("bind", "tcp://127.0.0.1:*")
-        collector = start_collector(ccfg, bind=bind)
+        ccfg = CollectorConfig.from_mapping(cfg.collector).placed_under(cfg.run_dir)
+        # Unless the run's collector section names an address, any free loopback port.
+        collector = start_collector(ccfg, bind=None if "bind" in cfg.collector else FREE_PORT)
         address = collector.address
         log.info("started a collector at %s", address)
     try:
@@ -106,7 +87,7 @@ def train(cfg: TrainerConfig) -> RunResult:
         started_ray = init_ray(cfg)
         workers = create_workers(cfg, address, weights)
         # The driver registers last, once every worker's producer has registered.
-        producer = cfg.producer(address, "driver")
+        producer = cfg.producer(address, DRIVER)
         result = RunResult()
         try:
             result = Driver(cfg, workers, producer, task).run()

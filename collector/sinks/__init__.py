@@ -3,12 +3,14 @@ library fails at start-up of the collector that asks for it, with its install hi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from collector.errors import ConfigError
+from collector.env import sink_defaults
 from collector.sinks.base import Sink, SinkContext
+from schemas.errors import ConfigError
 
 SINKS: dict[str, str] = {
     "stdout": "collector.sinks.stdout:StdoutSink",
@@ -20,16 +22,25 @@ SINKS: dict[str, str] = {
 }
 
 
-def build_sink(name: str, kwargs: Mapping[str, Any], ctx: SinkContext) -> Sink:
-    """Construct the sink registered as ``name``; raise ConfigError for unknown names."""
+def sink_class(name: str) -> type[Sink]:
+    """The class registered as ``name``; raise ConfigError for unknown names."""
     target = SINKS.get(name)
     if target is None:
         raise ConfigError(
             "track_with", f"unknown tracker; choose from {', '.join(sorted(SINKS))}", name
         )
     module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name).from_kwargs(kwargs, ctx)
+    return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["SINKS", "Sink", "SinkContext", "build_sink"]
+def build_sink(
+    name: str, kwargs: Mapping[str, Any], ctx: SinkContext, environ: Mapping[str, str] | None = None
+) -> Sink:
+    """Construct the sink registered as ``name``, with the settings its ``ENV`` variables give
+    in ``environ``; raise ConfigError for unknown names and bad kwargs."""
+    cls = sink_class(name)
+    defaults = sink_defaults(cls.ENV, environ or {})
+    return cls.from_kwargs(kwargs, dataclasses.replace(ctx, defaults=defaults))
+
+
+__all__ = ["SINKS", "Sink", "SinkContext", "build_sink", "sink_class"]

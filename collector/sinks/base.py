@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from collector.errors import ConfigError
 from schemas.catalog import Catalog
+from schemas.errors import ConfigError
 from schemas.metrics import CATALOG
 from schemas.record import StepRecord
 
@@ -25,16 +25,26 @@ def _no_health() -> Mapping[str, float]:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A sink setting that did not come from its kwargs, and where it came from (for error
+    messages: ``WANDB_MODE``)."""
+
+    value: str
+    source: str
+
+
+@dataclass(frozen=True)
 class SinkContext:
     """What a sink may use besides its kwargs.
 
-    ``health`` returns a snapshot of the collector's own counters; ``environ`` is the process
-    environment (API keys come from here, read by the sink that needs them).
+    ``health`` returns a snapshot of the collector's own counters; ``defaults`` are settings
+    taken from outside the YAML, by the sink's own kwarg names (the environment variables a
+    sink class lists in ``ENV``, read by ``collector.env``, never by the sink).
     """
 
     catalog: Catalog = CATALOG
     health: Callable[[], Mapping[str, Any]] = _no_health
-    environ: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Setting] = field(default_factory=dict)
 
 
 def reject_unknown(kwargs: Mapping[str, Any], allowed: tuple[str, ...], field: str) -> None:
@@ -47,15 +57,27 @@ def reject_unknown(kwargs: Mapping[str, Any], allowed: tuple[str, ...], field: s
 
 
 class Sink(Protocol):
-    """A destination for aggregated steps."""
+    """A destination for aggregated steps. Sinks subclass it (for ``written_through``'s
+    default) and list in ``ENV`` the environment variables that set their kwargs."""
 
     name: str
+    ENV: ClassVar[Mapping[str, str]] = {}
+    """Kwarg name -> environment variable used when the kwarg is not given."""
+    PATHS: ClassVar[tuple[str, ...]] = ()
+    """Kwargs that are file-system paths (a relative one may be placed under a run's
+    directory: ``CollectorConfig.placed_under``)."""
 
     def open(self) -> None: ...
 
     def write(self, record: StepRecord) -> None: ...
 
     def close(self) -> None: ...
+
+    def written_through(self) -> Mapping[str, int]:
+        """Per run, the last step this sink's own output already holds, read back at start-up
+        (with ``state_dir``, so a crash between a write and its cursor update does not
+        duplicate a step). Sinks that cannot read their output back hold nothing."""
+        return {}
 
 
 class SinkFactory(Protocol):

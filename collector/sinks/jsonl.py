@@ -11,17 +11,17 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
-from collector.errors import ConfigError
-from collector.sinks.base import SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
 log = logging.getLogger("rlpulse.collector.jsonl")
 TAIL_BYTES = 4 * 1024 * 1024
 
 
-class JsonlSink:
+class JsonlSink(Sink):
     """Appends steps to ``path`` (parent folders are created).
 
     >>> import tempfile, os
@@ -33,6 +33,7 @@ class JsonlSink:
     """
 
     name = "jsonl"
+    PATHS: ClassVar[tuple[str, ...]] = ("path",)
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collector.errors import ConfigError
+from collector.health import MALFORMED, PRODUCER_DROPPED, SINK_METRICS, Health
 from collector.promnames import prom_metric
-from collector.sinks.base import SinkContext, reject_unknown
-from schemas.errors import REJECT_REASONS
+from collector.sinks.base import Sink, SinkContext, reject_unknown
+from schemas.errors import REJECT_REASONS, ConfigError
 from schemas.record import StepRecord
 
 if TYPE_CHECKING:
@@ -54,89 +54,10 @@ log = logging.getLogger(__name__)
 
 FIELD = "tracker_kwargs.prometheus"
 _KEYS = ("host", "port", "certfile", "keyfile", "max_runs")
+DEFAULT_HOST = "127.0.0.1"
+"""Loopback: /metrics is reachable from other machines only when ``host`` says so."""
+DEFAULT_MAX_RUNS = 16
 
-# Health snapshot key -> (name, help, kind); see SinkContext.health.
-_HEALTH: dict[str, tuple[str, str, str]] = {
-    "messages_received": (
-        "rlpulse_collector_messages_received_total",
-        "Messages the collector received.",
-        "counter",
-    ),
-    "events_received": (
-        "rlpulse_collector_events_received_total",
-        "Metric entries the collector received.",
-        "counter",
-    ),
-    "late": (
-        "rlpulse_collector_late_entries_total",
-        "Entries that arrived after their step had been emitted (not in any sink).",
-        "counter",
-    ),
-    "partial_steps": (
-        "rlpulse_collector_partial_steps_total",
-        "Steps emitted before every expected rank had finished them.",
-        "counter",
-    ),
-    "steps_emitted": ("rlpulse_collector_steps_emitted_total", "Steps handed to sinks.", "counter"),
-    "producers": ("rlpulse_collector_producers", "Producers currently connected.", "gauge"),
-    "producer_dropped": (
-        "rlpulse_collector_producer_dropped_total",
-        "Entries producers reported dropping before sending (queue full, collector away).",
-        "counter",
-    ),
-    "duplicates": (
-        "rlpulse_collector_duplicates_total",
-        "Resent messages the collector had already applied (deduplicated, not merged twice).",
-        "counter",
-    ),
-    "out_of_order": (
-        "rlpulse_collector_out_of_order_total",
-        "Messages that arrived ahead of a missing one (dropped; the producer resends in order).",
-        "counter",
-    ),
-    "unknown_producer": (
-        "rlpulse_collector_unknown_producer_total",
-        "Messages dropped because their producer never registered.",
-        "counter",
-    ),
-    "handshake_failed": (
-        "rlpulse_collector_handshake_failed_total",
-        "Clients refused by CurveZMQ (unknown key or plaintext).",
-        "counter",
-    ),
-    "names_overflow": (
-        "rlpulse_collector_names_overflow_total",
-        "Metric names dropped because a run reached its distinct-name limit.",
-        "counter",
-    ),
-    "unapplied": (
-        "rlpulse_collector_unapplied_entries_total",
-        "Entries from producers whose registration never arrived, lost at shutdown.",
-        "counter",
-    ),
-    "kind_mismatch": (
-        "rlpulse_collector_kind_mismatch_total",
-        "Entries whose declared reduction disagreed with the catalog (the catalog won).",
-        "counter",
-    ),
-}
-_MALFORMED = ("rlpulse_collector_malformed_total", "Messages rejected as malformed, by reason.")
-# Per-sink key -> (name, help, kind).
-_SINK_HEALTH: dict[str, tuple[str, str, str]] = {
-    "queue_depth": ("rlpulse_sink_queue_depth", "Steps waiting in a sink's queue.", "gauge"),
-    "written": ("rlpulse_sink_written_total", "Steps a sink has written.", "counter"),
-    "errors": ("rlpulse_sink_errors_total", "Failed write attempts of a sink.", "counter"),
-    "dropped": (
-        "rlpulse_sink_dropped_total",
-        "Steps a sink dropped (queue full or retries spent).",
-        "counter",
-    ),
-    "lag_seconds": (
-        "rlpulse_sink_lag_seconds",
-        "Age of the oldest step still waiting in a sink's queue.",
-        "gauge",
-    ),
-}
 _RUN_STEP = ("rlpulse_run_step", "Latest step emitted for the run.")
 _RUN_TIME = (
     "rlpulse_run_step_timestamp_seconds",
@@ -160,7 +81,7 @@ class _Run:
     values: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
-class PrometheusSink:
+class PrometheusSink(Sink):
     """Serves the latest step values and collector health at ``http(s)://host:port/metrics``.
 
     kwargs: ``port`` (required; 0 picks a free one, see :attr:`address`), ``host`` (default
@@ -179,10 +100,10 @@ class PrometheusSink:
         ctx: SinkContext,
         *,
         port: int,
-        host: str = "127.0.0.1",
+        host: str = DEFAULT_HOST,
         certfile: str | None = None,
         keyfile: str | None = None,
-        max_runs: int = 16,
+        max_runs: int = DEFAULT_MAX_RUNS,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self._ctx = ctx
@@ -223,10 +144,10 @@ class PrometheusSink:
         port = kwargs["port"]
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"{FIELD}.port", "must be an integer from 0 to 65535", port)
-        host = kwargs.get("host", "127.0.0.1")
+        host = kwargs.get("host", DEFAULT_HOST)
         if not isinstance(host, str) or not host:
             raise ConfigError(f"{FIELD}.host", "must be a host name or address", host)
-        max_runs = kwargs.get("max_runs", 16)
+        max_runs = kwargs.get("max_runs", DEFAULT_MAX_RUNS)
         if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
             raise ConfigError(f"{FIELD}.max_runs", "must be a positive integer", max_runs)
         tls = {k: kwargs.get(k) for k in ("certfile", "keyfile")}
@@ -333,34 +254,35 @@ class PrometheusSink:
                 "health", "prometheus: the collector health snapshot failed", exc_info=True
             )
             health = {}
-        for key, (pname, help_, kind) in _HEALTH.items():
-            value = _number(health.get(key))
+        for metric in (*Health.declared(), PRODUCER_DROPPED):
+            value = _number(health.get(metric.key))
             if value is not None:
-                taken[pname] = "rlpulse"
-                yield _family(pname, help_, kind, [], [([], value)])
-        malformed = health.get("malformed")
+                taken[metric.name] = "rlpulse"
+                yield _family(metric.name, metric.help, metric.kind, [], [([], value)])
+        malformed = health.get(MALFORMED.key)
         if isinstance(malformed, Mapping):
             # Every known reason from the start, at 0 until it occurs: increase() and the
             # malformed-messages alert need a series before the first reject to see it.
             counts = dict.fromkeys(REJECT_REASONS, 0.0)
             counts.update((str(k), v) for k, v in malformed.items() if _number(v) is not None)
-            taken[_MALFORMED[0]] = "rlpulse"
+            taken[MALFORMED.name] = "rlpulse"
             yield _family(
-                *_MALFORMED,
-                "counter",
+                MALFORMED.name,
+                MALFORMED.help,
+                MALFORMED.kind,
                 ["reason"],
                 [([reason], float(v)) for reason, v in sorted(counts.items())],
             )
         sinks = health.get("sinks")
         if isinstance(sinks, Mapping):
-            for key, (pname, help_, kind) in _SINK_HEALTH.items():
+            for metric in SINK_METRICS:
                 samples = []
                 for sink_name, stats in sorted(sinks.items()):
-                    value = _number(stats.get(key)) if isinstance(stats, Mapping) else None
+                    value = _number(stats.get(metric.key)) if isinstance(stats, Mapping) else None
                     if value is not None:
                         samples.append(([str(sink_name)], value))
-                taken[pname] = "rlpulse"
-                yield _family(pname, help_, kind, ["sink"], samples)
+                taken[metric.name] = "rlpulse"
+                yield _family(metric.name, metric.help, metric.kind, ["sink"], samples)
 
     def _metric_families(
         self, runs: Mapping[str, tuple], taken: dict[str, str]

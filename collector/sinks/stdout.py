@@ -16,8 +16,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from collector.errors import ConfigError
-from collector.sinks.base import SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
 
@@ -27,7 +27,7 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-class StdoutSink:
+class StdoutSink(Sink):
     """Prints each step to a text stream (standard output by default).
 
     >>> import io

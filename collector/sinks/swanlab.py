@@ -32,10 +32,10 @@ import os
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from collector.errors import ConfigError
-from collector.sinks.base import SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ _ALIASES = {"cloud": "online", "online": "cloud"}
 _PARAMS = {"log_dir": ("log_dir", "logdir"), "name": ("name", "experiment_name")}
 
 
-class SwanLabSink:
+class SwanLabSink(Sink):
     """Logs each step with ``run.log(metrics, step=step)`` to one SwanLab run.
 
     >>> SwanLabSink.from_kwargs({"mode": "disabled"}, SinkContext()).name
@@ -67,6 +67,8 @@ class SwanLabSink:
     """
 
     name = "swanlab"
+    PATHS: ClassVar[tuple[str, ...]] = ("logdir", "log_dir")
+    ENV: ClassVar[Mapping[str, str]] = {"mode": "SWANLAB_MODE", "api_key": "SWANLAB_API_KEY"}
 
     def __init__(
         self,
@@ -122,7 +124,8 @@ class SwanLabSink:
         raw_mode = kwargs.get("mode")
         where = f"{FIELD}.mode"
         if raw_mode is None:
-            raw_mode, where = ctx.environ.get("SWANLAB_MODE") or "online", "SWANLAB_MODE"
+            default = ctx.defaults.get("mode")
+            raw_mode, where = (default.value, default.source) if default else ("online", where)
         if not isinstance(raw_mode, str) or raw_mode.lower() not in _MODES:
             raise ConfigError(where, f"must be one of {', '.join(_MODES)}", raw_mode)
         mode = raw_mode.lower()
@@ -252,8 +255,8 @@ def _login_kwargs(raw: Any, swanlab: Any, ctx: SinkContext) -> dict[str, Any]:
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         # The value is deliberately left out of the error: it may be a mistyped secret.
         raise ConfigError(f"{where}.api_key", "must be a non-empty string")
-    if api_key is None and ctx.environ.get("SWANLAB_API_KEY"):
-        login["api_key"] = ctx.environ["SWANLAB_API_KEY"]
+    if api_key is None and ctx.defaults.get("api_key"):
+        login["api_key"] = ctx.defaults["api_key"].value
     if "save" in accepted:
         login.setdefault("save", False)
     return login

@@ -24,10 +24,10 @@ import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
-from collector.errors import ConfigError
-from collector.sinks.base import SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
 FIELD = "tracker_kwargs.tensorboard"
@@ -35,7 +35,7 @@ _KEYS = ("log_dir",)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 
 
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """Writes ``<log_dir>/<run>/events.out.tfevents.*`` files TensorBoard reads directly.
 
     Each run gets its own sub-directory, so TensorBoard pointed at ``log_dir`` shows one
@@ -46,6 +46,7 @@ class TensorBoardSink:
     """
 
     name = "tensorboard"
+    PATHS: ClassVar[tuple[str, ...]] = ("log_dir",)
 
     def __init__(
         self, log_dir: Path, *, event_pb2: Any, summary_pb2: Any, record_writer: Any

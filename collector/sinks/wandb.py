@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from collector.errors import ConfigError
-from collector.sinks.base import SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
 FIELD = "tracker_kwargs.wandb"
@@ -33,7 +33,7 @@ _KEYS = (*_STRINGS, "tags", "mode", "dir", "api_key", "base_url")
 _MODES = {"online": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
 
 
-class WandbSink:
+class WandbSink(Sink):
     """Logs each step with ``run.log(metrics, step=step)``.
 
     The W&B run for an rlpulse run starts on its first step (its display name is ``name``, or
@@ -44,6 +44,8 @@ class WandbSink:
     """
 
     name = "wandb"
+    PATHS: ClassVar[tuple[str, ...]] = ("dir",)
+    ENV: ClassVar[Mapping[str, str]] = {"mode": "WANDB_MODE", "api_key": "WANDB_API_KEY"}
 
     def __init__(
         self,
@@ -91,7 +93,8 @@ class WandbSink:
         raw_mode = kwargs.get("mode")
         where = f"{FIELD}.mode"
         if raw_mode is None:
-            raw_mode, where = ctx.environ.get("WANDB_MODE") or "online", "WANDB_MODE"
+            default = ctx.defaults.get("mode")
+            raw_mode, where = (default.value, default.source) if default else ("online", where)
         mode = _MODES.get(str(raw_mode).lower()) if isinstance(raw_mode, str) else None
         if mode is None:
             raise ConfigError(where, "must be one of online, offline, disabled", raw_mode)
@@ -114,8 +117,8 @@ class WandbSink:
         if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
             # The value is deliberately left out of the error: it may be a mistyped secret.
             raise ConfigError(f"{FIELD}.api_key", "must be a non-empty string")
-        if api_key is None:
-            api_key = ctx.environ.get("WANDB_API_KEY") or None
+        if api_key is None and "api_key" in ctx.defaults:
+            api_key = ctx.defaults["api_key"].value or None
 
         try:
             import wandb

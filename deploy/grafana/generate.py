@@ -69,10 +69,11 @@ def template_regex(template: Template, groups: Sequence[tuple[str, str, str]], *
     without ``{phase}`` captures ``{cluster}`` alone.
     """
     phased = "phase" in template.params
-    values = {"cluster": "qqcluster", **({"phase": "qqphase"} if phased else {}), **fixed}
+    phase = template.choices["phase"][0] if phased else ""  # a real one: phases are closed
+    values = {"cluster": "qqcluster", **({"phase": phase} if phased else {}), **fixed}
     values.update({param: example for param, example, _ in groups})
     body = prom_metric(template.format(**values)).name[len(PREFIX) :]
-    first = ("qqcluster_qqphase" if phased else "qqcluster", "(.+)")
+    first = (f"qqcluster_{phase}" if phased else "qqcluster", "(.+)")
     swaps = [first] + [(ex, rx) for _, ex, rx in groups]
     for example, regex in swaps:
         if body.count(example) != 1:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import array
 from collections.abc import Mapping
 
-from schemas import CATALOG, Summary
-from schemas import protocol as P
+from schemas import CATALOG, Summary, protocol as P
 
 
 def hello(
@@ -22,7 +21,7 @@ def metrics(
     rows = array.array("d")
     for v in values.values():
         state = v if isinstance(v, Summary) else Summary.of_scalar(v)
-        rows.extend(state.as_row())
+        rows.extend(state)
     kinds = bytes(int(CATALOG.resolve(n).reduction) for n in names)
     raw = P.pack_entry(step, t, names, kinds, rows.tobytes(), nonfinite)
     return P.decode(P.encode_metrics(pid, 1, [raw]))  # type: ignore[return-value]

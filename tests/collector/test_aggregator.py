@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from collector.aggregator import Aggregator
-from schemas import Summary
-from schemas import metrics as M
-from schemas import protocol as P
+from collector.config import CollectorConfig
+from schemas import Summary, metrics as M, protocol as P
 from schemas.record import StepRecord
 from tests.collector.helpers import hello, metrics
 
@@ -19,9 +18,8 @@ LOSS = M.ACTOR_PG_LOSS.name
 class Harness:
     def __init__(self, **kwargs) -> None:
         self.records: list[StepRecord] = []
-        self.agg = Aggregator(
-            self.records.append, **{"grace_s": 30.0, "liveness_s": 10.0, **kwargs}
-        )
+        config = CollectorConfig(**{"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0, **kwargs})
+        self.agg = Aggregator(self.records.append, config)
         self.now = 0.0
 
     def send(self, *msgs: P.Message) -> None:
@@ -178,7 +176,7 @@ def test_derived_names_logged_by_a_producer_are_dropped() -> None:
 def test_data_from_an_unregistered_producer_is_counted_not_merged() -> None:
     h = Harness()
     h.send(metrics(1, 0, {LOSS: 4.0}))
-    assert h.agg.health.unknown_producer == 1 and not h.agg.runs
+    assert h.agg.health.unknown_producer == 1 and not h.agg.steps
 
 
 def test_restarted_worker_takes_over_its_slot() -> None:

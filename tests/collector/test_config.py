@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collector.config import CollectorConfig
-from collector.errors import ConfigError
+from schemas.errors import ConfigError
 
 
 def test_roll_single_tracker_form(tmp_path) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from collector.config import CollectorConfig
-from collector.errors import ConfigError
 from collector.sinks.base import SinkContext
 from collector.sinks.prometheus import PrometheusSink
+from schemas.errors import ConfigError
 from tests.certs import self_signed_pair
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from collector.config import CollectorConfig
 from collector.fanout import FanOut, SinkWorker
 from schemas.record import StepRecord
 
@@ -58,9 +59,7 @@ def test_failing_and_hanging_sinks_do_not_delay_a_healthy_one() -> None:
     good, hang, bad = Recording(), Hanging(), AlwaysFails()
     fan = FanOut(
         {"good": good, "hang": hang, "bad": bad},
-        queue_size=4,
-        retries=2,
-        close_s=1.0,
+        CollectorConfig(sink_queue=4, sink_retries=2, sink_close_s=1.0),
         backoff_s=0.001,
     )
     fan.start()
@@ -90,7 +89,7 @@ def test_failing_and_hanging_sinks_do_not_delay_a_healthy_one() -> None:
 def test_transient_failures_are_retried_with_backoff_and_nothing_is_lost() -> None:
     sink = Flaky(failures=3)
     waits: list[float] = []
-    worker = SinkWorker("flaky", sink, retries=5, backoff_s=0.01)
+    worker = SinkWorker("flaky", sink, CollectorConfig(sink_retries=5), backoff_s=0.01)
     original = worker._backoff
     worker._backoff = lambda attempt: waits.append(original(attempt)) or 0.0  # type: ignore[method-assign]
     worker.start()
@@ -109,7 +108,7 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_is_lost() -> No
 
 def test_close_drains_queued_steps_first() -> None:
     sink = Recording()
-    fan = FanOut({"s": sink}, close_s=5)
+    fan = FanOut({"s": sink}, CollectorConfig(sink_close_s=5))
     fan.start()
     for step in range(100):
         fan.put(rec(step))

@@ -13,13 +13,12 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from collector.aggregator import Aggregator
+from collector.config import CollectorConfig
 from collector.delivery import Delivery
-from schemas import SchemaError
-from schemas import protocol as P
+from schemas import SchemaError, protocol as P
 
 EXAMPLES = int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "300"))
 """Inputs per fuzz test in ``make test``; a long run: ``RLPULSE_FUZZ_EXAMPLES=20000``."""
@@ -114,7 +113,7 @@ def test_aggregation_survives_any_accepted_sequence_and_honest_results_hold(
 ) -> None:
     tried["pipeline"] += len(stream)
     records = []
-    agg = Aggregator(records.append, grace_s=5, liveness_s=5)
+    agg = Aggregator(records.append, CollectorConfig(grace_s=5, liveness_s=5, settle_s=0))
     delivery = Delivery(agg.health)
     # An honest producer (id 99) interleaved with the fuzzed traffic.
     honest = [

@@ -15,6 +15,7 @@ import pytest
 from collector.config import CollectorConfig
 from collector.daemon import Collector
 from collector.launch import start_collector
+from collector.sinks.base import Sink
 from producer import Producer
 from schemas.record import StepRecord
 from tests.integration.test_collector_e2e import SPAWN, assert_matches, read_jsonl
@@ -152,7 +153,7 @@ def test_collector_down_midrun_buffers_then_delivers_and_counts_drops_beyond_the
     assert f"producers dropped {s1['dropped_buffer_full']}" in summary
 
 
-class FlakySink:
+class FlakySink(Sink):
     """Fails every write while ``down`` is set; records what it wrote."""
 
     name = "flaky"

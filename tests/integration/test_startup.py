@@ -19,7 +19,7 @@ import zmq.auth
 from collector.launch import start_collector
 from producer import Producer
 from producer.env import load_curve
-from producer.sender import CurveKeys
+from producer.transport import CurveKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 

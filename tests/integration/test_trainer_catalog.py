@@ -20,6 +20,7 @@ import pytest
 
 from schemas import metrics as m
 from schemas.metrics import CATALOG
+from schemas.topology import PHASES
 
 # One run (Ray start-up plus 6 worker processes importing torch and transformers) takes about
 # a minute on an idle 2-core machine and several on a loaded one.
@@ -100,7 +101,7 @@ def expected_names() -> tuple[set[str], dict[str, str]]:
     for entry in CATALOG.entries.values():
         names.update(entry.output_names().values())
     excused: dict[str, str] = {}
-    for phase in m.PHASES:
+    for phase in PHASES:
         for part in m.TIME_PHASE.choices["part"]:
             if phase == "compute_rewards" and part in ("onload", "offload"):
                 excused[f"time/*/{phase}/{part}"] = (

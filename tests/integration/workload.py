@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from producer import Fraction, Masked, Producer, Weighted
+from producer.config import ProducerConfig
 from schemas import metrics as M
 
 ADV, LOSS, CLIP, T_TOTAL = (
@@ -59,8 +60,7 @@ def run_rank(
         role=role,
         rank=rank,
         world_size=world_size,
-        close_timeout_s=close_timeout_s,
-        max_unacked=max_unacked,
+        config=ProducerConfig(close_timeout_s=close_timeout_s, max_unacked=max_unacked),
     )
     worst = 0.0
     with p:

@@ -14,10 +14,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from producer import Fraction, Masked, Producer, Weighted
+from producer.config import ProducerConfig
 from producer.device import reduce_tensor
 from producer.reduce import reduce_value
-from schemas import metrics as M
-from schemas import protocol
+from schemas import metrics as M, protocol
+from schemas.values import Summary
 from tests.producer.conftest import entries, has_bye
 from tests.producer.fakedevice import fake_context
 
@@ -86,7 +87,9 @@ SYNCING_OPS = {"_local_scalar_dense", "blocking_transfer", "nonzero", "masked_se
 
 def test_log_only_snapshots_in_the_callers_thread(inbox) -> None:
     device, ops = fake_context()
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     values = torch.randn(1000)
     mask = torch.rand(1000) < 0.5
     data = {
@@ -117,7 +120,9 @@ def test_log_only_snapshots_in_the_callers_thread(inbox) -> None:
 
 def test_values_are_those_at_the_call_not_after_an_inplace_update(inbox) -> None:
     device, ops = fake_context(held=True)
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     values = torch.ones(100)
     p.log({"x": values}, step=0)
     values.mul_(7)  # the training loop reuses its buffer before the "GPU" caught up
@@ -128,7 +133,9 @@ def test_values_are_those_at_the_call_not_after_an_inplace_update(inbox) -> None
 
 def test_calls_wait_for_the_device_and_keep_their_order(inbox) -> None:
     device, ops = fake_context(held=True)
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     p.log({"gpu": torch.arange(10.0)}, step=0)
     p.log({"host": 1.0}, step=1)  # a host-only call behind a GPU one waits its turn
     p.step_done(1)
@@ -147,7 +154,9 @@ def test_calls_wait_for_the_device_and_keep_their_order(inbox) -> None:
 def test_close_drops_and_counts_calls_whose_device_never_caught_up(inbox, caplog) -> None:
     caplog.set_level(logging.WARNING, "rlpulse.producer")
     device, _ = fake_context(held=True)
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     p.log({"gpu": torch.arange(10.0)}, step=0)
     p.close(timeout=0.5)
     assert p.stats()["dropped_send"] == 1
@@ -157,7 +166,9 @@ def test_close_drops_and_counts_calls_whose_device_never_caught_up(inbox, caplog
 
 def test_device_errors_are_counted_and_the_next_calls_go_through(inbox) -> None:
     device, ops = fake_context()
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     ops.fail_launch = True
     p.log({"lost": torch.arange(3.0)}, step=0)
     assert p.flush(5)
@@ -175,7 +186,9 @@ def test_device_errors_are_counted_and_the_next_calls_go_through(inbox) -> None:
 
 def test_bad_device_parts_are_invalid_in_the_sender_not_raised(inbox) -> None:
     device, _ = fake_context()
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     p.log(
         {
             "neg": Weighted(torch.tensor(1.0), torch.tensor(-2.0)),
@@ -197,7 +210,9 @@ def test_bad_device_parts_are_invalid_in_the_sender_not_raised(inbox) -> None:
 
 def test_past_the_snapshot_budget_the_caller_reduces_in_place(inbox) -> None:
     device, _ = fake_context(snapshot_limit_bytes=1000)
-    p = Producer(inbox.address, run="r", role="a", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address, run="r", role="a", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
     values = torch.randn(10_000)  # 40 kB: over the budget, no copy
     rec = Recorder()
     with rec:
@@ -211,7 +226,13 @@ def test_past_the_snapshot_budget_the_caller_reduces_in_place(inbox) -> None:
 
 def test_phase_reports_device_time_between_its_boundaries(inbox) -> None:
     device, ops = fake_context(held=True)
-    p = Producer(inbox.address, run="r", role="actor_train", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address,
+        run="r",
+        role="actor_train",
+        device=device,
+        config=ProducerConfig(gpu_sample_s=0),
+    )
     with p.phase(
         "actor_train/train_step",
         step=0,
@@ -234,7 +255,13 @@ def test_phase_reports_device_time_between_its_boundaries(inbox) -> None:
 
 def test_no_phase_timers_before_the_process_uses_its_gpu(inbox) -> None:
     device, ops = fake_context(initialized=False)
-    p = Producer(inbox.address, run="r", role="actor_train", device=device, gpu_sample_s=0)
+    p = Producer(
+        inbox.address,
+        run="r",
+        role="actor_train",
+        device=device,
+        config=ProducerConfig(gpu_sample_s=0),
+    )
     with p.phase("actor_train/train_step", step=0):
         pass
     p.close()
@@ -244,5 +271,5 @@ def test_no_phase_timers_before_the_process_uses_its_gpu(inbox) -> None:
 
 def test_reduce_value_still_reduces_a_value_synchronously() -> None:
     """Tools and tests call reduce_value directly; GPU deferral is the producer's business."""
-    s, w, mn, mx, nf = reduce_value(Masked(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1, 0, 1])))
-    assert (s, w, mn, mx, nf) == (5.0, 2.0, 1.0, 4.0, 0)
+    state, nf = reduce_value(Masked(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1, 0, 1])))
+    assert (state, nf) == (Summary(5.0, 2.0, 1.0, 4.0), 0)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from producer import Fraction, Masked, Producer, Weighted
+from producer.config import ProducerConfig
 from producer.gpustate import GIB, NvmlSampler
 from schemas import metrics as M
 from tests.producer.conftest import entries, has_bye
@@ -73,7 +74,7 @@ def test_log_returns_while_the_gpu_is_still_busy(inbox) -> None:
     want, want_masked = exact(values), exact(values, mask)
     gpu_busy_ms(1)  # calibrate outside strict mode
     total = values.sum()
-    p = Producer(inbox.address, run="r", role="a", gpu_sample_s=0)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
     with strict():
         busy = gpu_busy_ms(300)
         p.log({"v": values, "m": Masked(values, mask), "s": total}, step=0)
@@ -101,7 +102,7 @@ def test_every_input_kind_is_exact_without_a_sync(inbox, dtype, n) -> None:
     cuda_mask = torch.rand(n, device="cuda", generator=gen) < 0.7
     host_mask = cuda_mask.cpu()
     count, v5 = cuda_mask.sum(), values[5].float()
-    p = Producer(inbox.address, run="r", role="a", gpu_sample_s=0)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with strict():
@@ -141,8 +142,8 @@ def test_past_the_snapshot_budget_reduction_on_the_callers_stream_does_not_sync(
         inbox.address,
         run="r",
         role="a",
-        gpu_sample_s=0,
         device=DeviceContext(CudaOps(torch), snapshot_limit_bytes=1024),
+        config=ProducerConfig(gpu_sample_s=0),
     )
     with strict():
         p.log({"big": values}, step=0)
@@ -152,7 +153,7 @@ def test_past_the_snapshot_budget_reduction_on_the_callers_stream_does_not_sync(
 
 def test_phase_reports_the_gpu_time_of_the_work_it_queued(inbox) -> None:
     gpu_busy_ms(1)  # calibrate outside strict mode
-    p = Producer(inbox.address, run="r", role="actor_train", gpu_sample_s=0)
+    p = Producer(inbox.address, run="r", role="actor_train", config=ProducerConfig(gpu_sample_s=0))
     torch.cuda.synchronize()
     with strict(), p.phase("actor_train/train_step", step=0):
         gpu_busy_ms(300)  # queued, not waited for

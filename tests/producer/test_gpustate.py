@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 
 from producer import Producer
+from producer.config import ProducerConfig
 from producer.gpustate import NvmlSampler
 from schemas import metrics as M
 from tests.producer.conftest import entries, has_bye
@@ -135,7 +136,13 @@ def test_memory_process_is_left_out_when_nvml_cannot_see_our_processes(caplog) -
 def test_the_sender_reads_gpus_at_phase_ends_and_periodically_at_the_current_step(inbox) -> None:
     nvml = FakeNvml()
     sampler = NvmlSampler("rollout", nvml=nvml, environ={}, pids=lambda: {ME})
-    p = Producer(inbox.address, run="r", role="rollout", nvml=sampler, gpu_sample_s=0.05)
+    p = Producer(
+        inbox.address,
+        run="r",
+        role="rollout",
+        nvml=sampler,
+        config=ProducerConfig(gpu_sample_s=0.05),
+    )
     p.log({"x": 1.0}, step=0)
     time.sleep(0.3)  # periodic readings at step 0
     with p.phase("rollout/generate", step=1):
@@ -164,7 +171,7 @@ def test_gpu_sample_s_zero_turns_readings_off(inbox) -> None:
         run="r",
         role="rollout",
         nvml=NvmlSampler("rollout", nvml=nvml, environ={}),
-        gpu_sample_s=0,
+        config=ProducerConfig(gpu_sample_s=0),
     )
     with p.phase("rollout/generate", step=0):
         pass

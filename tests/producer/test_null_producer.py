@@ -9,12 +9,14 @@ import pytest
 
 import producer
 from producer import NullProducer, Producer
+from producer.config import ProducerConfig
 from producer.env import load_curve
 
 
 def test_takes_producers_arguments_as_they_are() -> None:
     args = ("tcp://127.0.0.1:5555",)
-    kwargs = {"run": "r", "role": "actor_train", "rank": 1, "world_size": 2, "sndhwm": 10}
+    kwargs = {"run": "r", "role": "actor_train", "rank": 1, "world_size": 2}
+    kwargs["config"] = ProducerConfig(sndhwm=10)
     kwargs["expected_roles"] = {"actor_train": 2}
     kwargs["reductions"] = {"my/peak": "max"}
     with NullProducer(*args, **kwargs) as p:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from producer import Masked, Producer, Weighted
-from schemas import Reduction, protocol
-from schemas import metrics as M
+from producer.config import ProducerConfig
+from schemas import Reduction, metrics as M, protocol
 from tests.producer.conftest import entries, has_bye
 
 
@@ -80,7 +80,7 @@ def test_bad_values_are_dropped_counted_and_the_rest_is_sent(inbox, caplog) -> N
 
 def test_close_is_prompt_with_no_collector_listening() -> None:
     p = Producer(
-        "tcp://127.0.0.1:9", run="r", role="a", close_timeout_s=5.0
+        "tcp://127.0.0.1:9", run="r", role="a", config=ProducerConfig(close_timeout_s=5.0)
     )  # nothing listens on port 9
     for step in range(100):
         p.log({"x": float(step)}, step=step)
@@ -91,7 +91,9 @@ def test_close_is_prompt_with_no_collector_listening() -> None:
 
 
 def test_full_queue_drops_and_counts_without_blocking() -> None:
-    p = Producer("tcp://127.0.0.1:9", run="r", role="a", max_pending=10, sndhwm=1)
+    p = Producer(
+        "tcp://127.0.0.1:9", run="r", role="a", config=ProducerConfig(max_pending=10, sndhwm=1)
+    )
     p._sender.stopping.set()  # a sender that never drains: the queue can only fill
     p._wake.set()
     p._sender.join(5)
@@ -102,7 +104,7 @@ def test_full_queue_drops_and_counts_without_blocking() -> None:
 
 
 def test_unreachable_collector_buffers_up_to_the_bound_then_counts_drops() -> None:
-    p = Producer("tcp://127.0.0.1:9", run="r", role="a", max_unacked=20)
+    p = Producer("tcp://127.0.0.1:9", run="r", role="a", config=ProducerConfig(max_unacked=20))
     for step in range(100):
         p.log({"x": 1.0}, step=step)
         assert not p.flush(0.01)  # nobody acknowledges: every call is its own message
@@ -116,7 +118,7 @@ def test_unreachable_collector_buffers_up_to_the_bound_then_counts_drops() -> No
 
 def test_unacknowledged_messages_are_resent_and_acks_release_them(inbox) -> None:
     inbox.acking = False
-    p = Producer(inbox.address, run="r", role="a", resend_s=0.2)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(resend_s=0.2))
     for step in range(5):
         p.log({"x": float(step)}, step=step)
     first = inbox.receive(timeout_s=1.0, until=lambda ms: len(entries(ms)) == 5)
@@ -133,7 +135,7 @@ def test_hello_is_repeated_until_the_collector_answers_it(inbox) -> None:
     """A hello ZeroMQ refused right after connecting, or one that went unanswered, is sent
     again within ``HELLO_RETRY_S``, not after five heartbeats; once answered it stops."""
     inbox.acking = False  # as a collector that has not seen the hello: no answer at all
-    p = Producer(inbox.address, run="r", role="a", heartbeat_s=10.0)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(heartbeat_s=10.0))
     p.log({"x": 1.0}, step=0)
 
     def hellos(msgs: list) -> int:
@@ -171,7 +173,7 @@ def test_log_never_raises_even_from_many_threads(inbox) -> None:
 
 
 def test_heartbeats_carry_stats(inbox) -> None:
-    p = Producer(inbox.address, run="r", role="a", heartbeat_s=0.05)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(heartbeat_s=0.05))
     p.log({"x": "bad"}, step=0)
     msgs = inbox.receive(
         timeout_s=3, until=lambda ms: any(isinstance(m, protocol.Heartbeat) for m in ms)

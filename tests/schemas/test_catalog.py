@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import CATALOG, Reduction, Stat
-from schemas import metrics as M
+from schemas import CATALOG, Reduction, Stat, metrics as M
+from schemas.topology import PHASES
 
 HERE = Path(__file__).parent
 SEEDS = HERE.parents[1].parent / "shared" / "seeds"
@@ -28,7 +28,7 @@ def expand(name: str) -> list[str]:
         return [name]
     out = []
     for cluster in CLUSTERS:
-        for phase in M.PHASES:
+        for phase in PHASES:
             for device in ("0", "3"):
                 out.append(
                     name.replace("{metric_infix}", f"{cluster}/{phase}").replace(

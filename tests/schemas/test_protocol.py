@@ -8,11 +8,9 @@ import math
 
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from schemas import SchemaError
-from schemas import protocol as P
+from schemas import SchemaError, protocol as P
 
 
 def entry(

@@ -7,8 +7,7 @@ from functools import reduce
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from schemas import Reduction, Stat, Summary
 from schemas.values import empty_rows, merge_rows
@@ -92,8 +91,8 @@ def test_array_merge_equals_scalar_merge(ranks: list[list[float]], last: bool) -
     acc = empty_rows(3)
     idx = np.array([1])
     for r in ranks:
-        row = np.array([Summary.of_samples(r).as_row()])
+        row = np.array([Summary.of_samples(r)])
         merge_rows(acc, idx, row, np.array([last]))
     expected = merge_all([Summary.of_samples(r) for r in ranks], reduction)
-    np.testing.assert_allclose(acc[1], expected.as_row(), rtol=1e-12, atol=1e-9, equal_nan=True)
+    np.testing.assert_allclose(acc[1], expected, rtol=1e-12, atol=1e-9, equal_nan=True)
     assert acc[0, 1] == 0 and math.isnan(acc[2, 2])  # untouched rows stay identities

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from collector.aggregator import Aggregator
+from collector.config import CollectorConfig
 from producer.reduce import reduce_value
-from schemas import Summary
 from schemas import protocol as P
 from schemas.record import StepRecord
 from tests.collector.helpers import hello, metrics
@@ -58,13 +58,13 @@ def collect(calls: list[list[dict[str, Any]]]) -> dict[str, float]:
     """One step's record as the collector emits it: ``calls[r]`` are rank r's ``log()``
     calls, each reduced as a producer reduces it and merged by the collector's aggregator."""
     records: list[StepRecord] = []
-    agg = Aggregator(records.append, grace_s=30.0, liveness_s=10.0)
+    agg = Aggregator(records.append, CollectorConfig(grace_s=30.0, liveness_s=10.0, settle_s=0))
     world = len(calls)
     for r in range(world):
         agg.handle(hello(100 + r, rank=r, ws=world), 0.0)
     for r, rank in enumerate(calls):
         for call in rank:
-            states = {name: Summary(*reduce_value(v)[:4]) for name, v in call.items()}
+            states = {name: reduce_value(v)[0] for name, v in call.items()}
             agg.handle(metrics(100 + r, 0, states), 0.0)
         agg.handle(P.Done(100 + r, 2, 0), 0.0)
     agg.poll(0.0)

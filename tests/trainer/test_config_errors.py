@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.errors import ConfigError
+from schemas.errors import ConfigError
 from trainer.__main__ import main
 from trainer.config import load_config
 

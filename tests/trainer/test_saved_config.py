@@ -12,7 +12,7 @@ import torch
 import yaml
 
 import trainer.run
-from collector.runtools.cli import main as run_tools
+from runtools.cli import main as run_tools
 from schemas.record import StepRecord
 from trainer.config import load_config
 

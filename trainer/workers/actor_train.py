@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from schemas.topology import ACTOR_TRAIN, COMPUTE_LOG_PROBS, DO_CHECKPOINT, MODEL_UPDATE, TRAIN_STEP
 from trainer import emit
 from trainer.batch import RolloutBatch
 from trainer.comm import Comm, LocalComm, TorchDistComm, free_port
@@ -18,7 +19,7 @@ from trainer.workers.base import Worker, WorkerSpec
 class ActorTrainWorker(Worker):
     """Holds a policy replica and its optimizer; all ranks start from the same weights."""
 
-    role = "actor_train"
+    role = ACTOR_TRAIN
 
     def __init__(self, spec: WorkerSpec, weights: dict[str, torch.Tensor]) -> None:
         super().__init__(spec)
@@ -49,7 +50,7 @@ class ActorTrainWorker(Worker):
 
     def compute_log_probs(self, step: int, shard: RolloutBatch) -> LogProbs:
         """Old-policy log-probs and entropy of this rank's shard."""
-        with self.phase("compute_log_probs", step, self.mover):
+        with self.phase(COMPUTE_LOG_PROBS, step, self.mover):
             out = self.trainer.log_probs(shard)
         self.producer.log(emit.old_log_probs(out.log_probs, out.entropy, shard.response_mask), step)
         return out
@@ -57,7 +58,7 @@ class ActorTrainWorker(Worker):
     def train_step(self, step: int, shard: RolloutBatch, kl_coef: float) -> dict[str, float]:
         """PPO update on this rank's shard; logs every optimizer step's stats.
         Returns a small summary for the progress bar."""
-        with self.phase("train_step", step, self.mover):
+        with self.phase(TRAIN_STEP, step, self.mover):
             result = self.trainer.train(shard, kl_coef)
         for stats, sft in zip(result.policy, result.sft, strict=True):
             self.producer.log(emit.policy_step(stats, sft), step)
@@ -71,7 +72,7 @@ class ActorTrainWorker(Worker):
 
     def export_weights(self, step: int) -> dict[str, torch.Tensor]:
         """The policy weights for the rollout engine (model_update, sending side)."""
-        with self.phase("model_update", step, self.mover):
+        with self.phase(MODEL_UPDATE, step, self.mover):
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return state
 
@@ -80,7 +81,7 @@ class ActorTrainWorker(Worker):
         tokenizer, loadable by ``AutoModelForCausalLM``) and the optimizer state; every rank
         times the phase (the replicas are identical, so one copy is the checkpoint)."""
         out = Path(directory) / "actor"
-        with self.phase("do_checkpoint", step, self.mover):
+        with self.phase(DO_CHECKPOINT, step, self.mover):
             if self.spec.rank != 0:
                 return None
             out.mkdir(parents=True, exist_ok=True)

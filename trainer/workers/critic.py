@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from schemas.topology import COMPUTE_VALUES, CRITIC, DO_CHECKPOINT, TRAIN_STEP
 from trainer import emit
 from trainer.batch import RolloutBatch
 from trainer.comm import LocalComm
@@ -18,7 +19,7 @@ from trainer.workers.base import Worker, WorkerSpec
 class CriticWorker(Worker):
     """Starts from the (warm-started) policy's backbone with a zero-initialised head."""
 
-    role = "critic"
+    role = CRITIC
 
     def __init__(self, spec: WorkerSpec, weights: dict[str, torch.Tensor]) -> None:
         super().__init__(spec)
@@ -32,13 +33,13 @@ class CriticWorker(Worker):
         )
 
     def compute_values(self, step: int, batch: RolloutBatch) -> torch.Tensor:
-        with self.phase("compute_values", step, self.mover):
+        with self.phase(COMPUTE_VALUES, step, self.mover):
             values = self.trainer.values(batch)
         self.producer.log(emit.values(values, batch.response_mask), step)
         return values
 
     def train_step(self, step: int, batch: RolloutBatch) -> dict[str, float]:
-        with self.phase("train_step", step, self.mover):
+        with self.phase(TRAIN_STEP, step, self.mover):
             result = self.trainer.train(batch)
         for stats in result.stats:
             self.producer.log(emit.value_step(stats), step)
@@ -50,7 +51,7 @@ class CriticWorker(Worker):
 
     def checkpoint(self, step: int, directory: str) -> str:
         out = Path(directory) / "critic"
-        with self.phase("do_checkpoint", step, self.mover):
+        with self.phase(DO_CHECKPOINT, step, self.mover):
             out.mkdir(parents=True, exist_ok=True)
             torch.save(
                 {

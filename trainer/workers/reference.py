@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from schemas.topology import COMPUTE_LOG_PROBS, REFERENCE
 from trainer import emit
 from trainer.batch import RolloutBatch
 from trainer.model import build_policy, response_logits, token_log_probs
@@ -12,7 +13,7 @@ from trainer.workers.base import Worker, WorkerSpec
 
 
 class ReferenceWorker(Worker):
-    role = "reference"
+    role = REFERENCE
 
     def __init__(self, spec: WorkerSpec, weights: dict[str, torch.Tensor]) -> None:
         super().__init__(spec)
@@ -23,7 +24,7 @@ class ReferenceWorker(Worker):
 
     @torch.no_grad()
     def compute_log_probs(self, step: int, batch: RolloutBatch) -> torch.Tensor:
-        with self.phase("compute_log_probs", step, self.mover):
+        with self.phase(COMPUTE_LOG_PROBS, step, self.mover):
             dev = next(self.model.parameters()).device
             ids = batch.input_ids.to(dev)
             logits = response_logits(

@@ -6,12 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
+from schemas.topology import COMPUTE_REWARDS, REWARD
 from trainer.task import is_correct, score
 from trainer.workers.base import Worker
 
 
 class RewardWorker(Worker):
-    role = "reward"
+    role = REWARD
 
     def compute_rewards(
         self, step: int, responses: Sequence[str], answers: Sequence[str]
@@ -19,7 +20,7 @@ class RewardWorker(Worker):
         """Per response: the score in [0, 1] and whether the answer is exactly right."""
         # A rule-based verifier has no model state to move, so this phase has no onload or
         # offload to time (a reward *model* would pass its StateMover like the other roles).
-        with self.producer.phase(f"{self.role}/compute_rewards", step=step):
+        with self.producer.phase(f"{self.role}/{COMPUTE_REWARDS}", step=step):
             scores = torch.tensor([score(r, a) for r, a in zip(responses, answers, strict=True)])
             correct = torch.tensor(
                 [is_correct(r, a) for r, a in zip(responses, answers, strict=True)]

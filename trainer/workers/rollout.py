@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
 from trainer.model import build_policy
 from trainer.offload import StateMover
 from trainer.rollout import Generation, assemble_batch, encode_prompts, generate_hf
@@ -19,7 +20,7 @@ from trainer.workers.base import Worker, WorkerSpec
 class RolloutWorker(Worker):
     """Holds the inference copy of the policy; ``update_weights`` syncs it from actor_train."""
 
-    role = "rollout"
+    role = ROLLOUT
 
     def __init__(self, spec: WorkerSpec, weights: dict[str, torch.Tensor]) -> None:
         super().__init__(spec)
@@ -55,7 +56,7 @@ class RolloutWorker(Worker):
 
     def update_weights(self, step: int, weights: dict[str, torch.Tensor]) -> bool:
         """model_update, receiving side: load the trainer's latest policy weights."""
-        with self._phase("model_update", step):
+        with self._phase(MODEL_UPDATE, step):
             if self.engine is not None:
                 self.engine.load_weights(weights.items())
             else:
@@ -64,7 +65,7 @@ class RolloutWorker(Worker):
 
     def generate(self, step: int, prompts: Sequence[str], greedy: bool = False) -> Generation:
         cfg = self.cfg.rollout
-        with self._phase("generate", step):
+        with self._phase(GENERATE, step):
             if self.engine is not None:
                 ids, mask = encode_prompts(self.tokenizer, prompts)
                 rows = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]

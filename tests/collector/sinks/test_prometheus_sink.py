@@ -18,10 +18,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.errors import ConfigError
 from collector.promnames import prom_metric
 from collector.sinks.base import SinkContext
 from collector.sinks.prometheus import PrometheusSink
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
 HEALTH = {

@@ -14,9 +14,10 @@ import pytest
 from swanlab.proto.swanlab.record.v1.record_pb2 import Record
 from swanlab.sdk.internal.core_python.store import DataStoreReader
 
-from collector.errors import ConfigError
+from collector.sinks import build_sink
 from collector.sinks.base import SinkContext
 from collector.sinks.swanlab import SwanLabSink
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 from tests.collector.sinks.conftest import jsonl_view, make_records
 
@@ -62,7 +63,7 @@ def test_offline_logs_hold_every_step_as_jsonl_has_it(
     offline: Path, records: list[StepRecord], spelling: dict[str, str]
 ) -> None:
     kwargs = {"project": "rlpulse-test", "tags": ["rl"], "mode": "offline", **spelling}
-    _write(SwanLabSink.from_kwargs(kwargs, SinkContext(environ=os.environ)), records)
+    _write(build_sink("swanlab", kwargs, SinkContext(), os.environ), records)
 
     start, rows = _read(offline / "sl")
     assert (start.project, start.name, list(start.tags)) == ("rlpulse-test", "exp-1", ["rl"])
@@ -73,9 +74,7 @@ def test_offline_logs_hold_every_step_as_jsonl_has_it(
 
 
 def test_mode_from_environment_and_experiment_named_after_the_run(offline: Path) -> None:
-    sink = SwanLabSink.from_kwargs(
-        {"logdir": "sl"}, SinkContext(environ={"SWANLAB_MODE": "offline"})
-    )
+    sink = build_sink("swanlab", {"logdir": "sl"}, SinkContext(), {"SWANLAB_MODE": "offline"})
     assert sink.mode == "offline"
     _write(sink, make_records("run-7", 1))
     start, rows = _read(offline / "sl")
@@ -86,7 +85,7 @@ def test_mode_from_environment_and_experiment_named_after_the_run(offline: Path)
 def test_steps_of_a_second_run_are_skipped_with_one_warning(
     offline: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sink = SwanLabSink.from_kwargs({"logdir": "sl", "mode": "offline"}, SinkContext())
+    sink = build_sink("swanlab", {"logdir": "sl", "mode": "offline"}, SinkContext())
     with caplog.at_level(logging.WARNING, logger="collector.sinks.swanlab"):
         _write(sink, [*make_records("a", 2), *make_records("b", 2)])
     assert sorted(_read(offline / "sl")[1]) == [0, 1]
@@ -118,9 +117,11 @@ def test_online_key_goes_only_to_the_server_and_never_into_errors_or_logs(
 ) -> None:
     url, seen = rejecting_server
     caplog.set_level(logging.DEBUG)
-    sink = SwanLabSink.from_kwargs(
+    sink = build_sink(
+        "swanlab",
         {"mode": "cloud", "logdir": "sl", "login_kwargs": {"host": url}},
-        SinkContext(environ={"SWANLAB_API_KEY": SECRET}),
+        SinkContext(),
+        {"SWANLAB_API_KEY": SECRET},
     )
     assert SECRET not in repr(sink)
     with pytest.raises(Exception) as err:  # whatever swanlab raises for a rejected key
@@ -142,7 +143,7 @@ def test_config_errors_never_show_the_key() -> None:
     ]
     for kwargs, field in cases:
         with pytest.raises(ConfigError) as err:
-            SwanLabSink.from_kwargs(kwargs, SinkContext(environ=env))
+            build_sink("swanlab", kwargs, SinkContext(), env)
         assert err.value.field == f"tracker_kwargs.swanlab.{field}"
         assert SECRET not in str(err.value) and SECRET not in repr(err.value)
 

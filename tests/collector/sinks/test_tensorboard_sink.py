@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from collector.errors import ConfigError
 from collector.sinks.base import SinkContext
 from collector.sinks.tensorboard import TensorBoardSink
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 from tests.collector.sinks.conftest import jsonl_view, make_records
 

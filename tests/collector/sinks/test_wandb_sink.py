@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
-from collector.errors import ConfigError
+from collector.sinks import build_sink
 from collector.sinks.base import SinkContext
 from collector.sinks.wandb import WandbSink
+from schemas.errors import ConfigError
 from schemas.record import StepRecord
 from tests.collector.sinks.conftest import jsonl_view, make_records
 
@@ -88,7 +89,7 @@ def test_offline_run_file_holds_every_step_as_jsonl_has_it(
         "mode": "offline",
         "dir": str(offline / "wb"),
     }
-    _write(WandbSink.from_kwargs(kwargs, SinkContext(environ=os.environ)), records)
+    _write(build_sink("wandb", kwargs, SinkContext(), os.environ), records)
 
     (run_file,) = (offline / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
     expected = jsonl_view(records, offline / "out.jsonl")
@@ -113,9 +114,7 @@ def test_offline_run_file_holds_every_step_as_jsonl_has_it(
 def test_wandb_mode_comes_from_the_environment_and_runs_get_their_own_files(
     offline: Path,
 ) -> None:
-    sink = WandbSink.from_kwargs(
-        {"dir": str(offline)}, SinkContext(environ={"WANDB_MODE": "offline"})
-    )
+    sink = build_sink("wandb", {"dir": str(offline)}, SinkContext(), {"WANDB_MODE": "offline"})
     assert sink.mode == "offline"
     _write(sink, [*make_records("run-a", 2), *make_records("run-b", 1)])
     names = {}
@@ -142,7 +141,7 @@ def test_api_key_never_appears_in_errors_logs_or_repr(
         {"api_key": SECRET, "bogus": 1},
     ):
         with pytest.raises(ConfigError) as err:
-            WandbSink.from_kwargs(kwargs, SinkContext(environ=env))
+            build_sink("wandb", kwargs, SinkContext(), env)
         errors.append(err.value)
     assert [e.field.rsplit(".", 1)[1] for e in errors] == [
         "mode",
@@ -152,8 +151,8 @@ def test_api_key_never_appears_in_errors_logs_or_repr(
         "bogus",
     ]
 
-    sink = WandbSink.from_kwargs(
-        {"mode": "offline", "dir": str(offline), "api_key": SECRET}, SinkContext(environ=env)
+    sink = build_sink(
+        "wandb", {"mode": "offline", "dir": str(offline), "api_key": SECRET}, SinkContext(), env
     )
     _write(sink, make_records("r", 1))
     seen = [str(e) for e in errors] + [repr(e.value) for e in errors]
@@ -173,7 +172,7 @@ def test_online_key_goes_only_to_the_server_and_never_into_errors_or_logs(
     monkeypatch.delenv("WANDB_MODE")
     caplog.set_level(logging.DEBUG)
     kwargs = {"project": "p", "dir": str(offline), "api_key": SECRET, "base_url": url}
-    sink = WandbSink.from_kwargs(kwargs, SinkContext(environ=os.environ))
+    sink = build_sink("wandb", kwargs, SinkContext(), os.environ)
     assert sink.mode == "online"
     sink.open()
     with pytest.raises(Exception) as err:  # whatever wandb raises for a rejected key
@@ -197,7 +196,7 @@ def test_online_key_goes_only_to_the_server_and_never_into_errors_or_logs(
 )
 def test_bad_kwargs_name_the_field(kwargs: dict, environ: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:
-        WandbSink.from_kwargs(kwargs, SinkContext(environ=environ))
+        build_sink("wandb", kwargs, SinkContext(), environ)
     assert err.value.field == field
 
 

@@ -6,7 +6,7 @@ metrics the run never logged says so instead of disappearing, so a report always
 layout. matplotlib is imported only when a report is drawn (the ``report`` extra), and only its
 object API is used (no pyplot, no global backend switch): the Agg canvas renders the PNG.
 
->>> from collector.runtools.runs import Run
+>>> from runtools.runs import Run
 >>> run = Run("r", steps=(0, 1), series={"system/tps": ((1, 9.0),)})
 >>> [p.title for p in plan(run)][:2]
 ['Score and reward', 'KL']
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector.runtools.runs import Run
+from runtools.runs import Run
 from schemas import metrics as M
 from schemas.catalog import Entry
 from schemas.reductions import Stat

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.runtools.cli import main
-from collector.runtools.compare import render, table
-from collector.runtools.report import plan
-from collector.runtools.runs import RunFileError, load_run, load_runs
+from runtools.cli import main
+from runtools.compare import render, table
+from runtools.report import plan
+from runtools.runs import RunFileError, load_run, load_runs
 from schemas import metrics as M
 
 FIXTURES = Path(__file__).parent / "fixtures"

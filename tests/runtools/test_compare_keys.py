@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from collector.runtools.cli import main
+from runtools.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PPO = FIXTURES / "ppo-kl.jsonl"

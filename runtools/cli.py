@@ -25,15 +25,15 @@ from typing import Any, TextIO
 
 import yaml
 
-from collector.runtools.compare import (
+from runtools.compare import (
     RUN_CONFIG,
     CompareError,
     missing_key_warnings,
     render,
     table,
 )
-from collector.runtools.report import ReportError, draw_report
-from collector.runtools.runs import Run, RunFileError, load_run, load_runs
+from runtools.report import ReportError, draw_report
+from runtools.runs import Run, RunFileError, load_run, load_runs
 
 
 def _report(args: argparse.Namespace, stdout: TextIO) -> int:

@@ -1,0 +1,223 @@
+"""Who belongs to each run, and who is still alive: registration and liveness.
+
+Each producer registers with its run, role, rank and world size. The first registration of a
+(run, role) fixes how many ranks that role has, so a rank that never showed up is still
+waited for. A producer may also declare the run's whole topology (``expected_roles``): then
+roles that have not registered yet are waited for by name instead of by the ``settle_s``
+window. A producer silent for ``liveness_s`` is presumed dead; so is a slot nobody registered
+within ``liveness_s`` of the run's first registration.
+
+>>> m = Membership(liveness_s=10.0, health=Health())
+>>> prod = m.register(protocol.Hello(1, 1, "r", "actor_train", 0, 2, "host", 1), now=0.0)
+>>> sorted(m.runs["r"].expected())
+[('actor_train', 0), ('actor_train', 1)]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from collector.health import Health
+from collector.ratelog import RateLimitedLog
+from schemas import protocol
+
+log = logging.getLogger("rlpulse.collector")
+FINISHED = 1 << 62
+"""Watermark of a producer that said goodbye: it has finished every step."""
+
+Slot = tuple[str, int]
+
+
+@dataclass
+class ProducerInfo:
+    """A registered producer (one worker process of one role)."""
+
+    pid: int
+    run: str
+    role: str
+    rank: int
+    world_size: int
+    host: str
+    last_seen: float
+    watermark: int = -1
+    """Highest step this producer has finished."""
+    stats: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def slot(self) -> Slot:
+        return (self.role, self.rank)
+
+    @property
+    def finished(self) -> bool:
+        return self.watermark >= FINISHED
+
+
+class Members:
+    """One run's topology: roles and their world sizes, which producer holds each (role,
+    rank) slot, and the bit that marks each role in a merged row (``StepState.roles``)."""
+
+    def __init__(self, first_seen: float) -> None:
+        self.first_seen = first_seen
+        self.roles: dict[str, int] = {}
+        self.role_bits: dict[str, int] = {}
+        self.slots: dict[Slot, int] = {}
+        self.declared = False
+        """A producer sent the whole topology: no need to wait for late registrations."""
+        self._expected: set[Slot] | None = None
+
+    def expected(self) -> set[Slot]:
+        """Every (role, rank) the run waits for; cached until a registration changes roles."""
+        if self._expected is None:
+            self._expected = {(role, rank) for role, ws in self.roles.items() for rank in range(ws)}
+        return self._expected
+
+    def add_role(self, role: str, size: int) -> int:
+        """Register a role (the first registration's size wins); return the size kept."""
+        kept = self.roles.setdefault(role, size)
+        self.role_bits.setdefault(role, len(self.role_bits))
+        self._expected = None
+        return kept
+
+    def settling(self, now: float, settle_s: float) -> bool:
+        """A new run whose other roles may still be starting up."""
+        return not self.declared and now - self.first_seen < settle_s
+
+    def role_names(self, bits: int) -> str:
+        """The roles whose bits are set in ``bits``, joined by ``+``."""
+        by_bit = {bit: role for role, bit in self.role_bits.items()}
+        return "+".join(by_bit[b] for b in sorted(by_bit) if bits >> b & 1)
+
+
+class Membership:
+    """Every producer and every run's :class:`Members`."""
+
+    def __init__(self, *, liveness_s: float, health: Health) -> None:
+        self.liveness_s = liveness_s
+        self.health = health
+        self.producers: dict[int, ProducerInfo] = {}
+        self.runs: dict[str, Members] = {}
+        self._ratelog = RateLimitedLog(log)
+
+    def register(self, msg: protocol.Hello, now: float) -> ProducerInfo:
+        """Apply a hello; a producer already known is only marked alive."""
+        prod = self.producers.get(msg.producer)
+        if prod is not None:
+            prod.last_seen = now
+            return prod
+        run = self.runs.get(msg.run)
+        if run is None:
+            run = self.runs[msg.run] = Members(now)
+        for role, size in msg.expected.items():
+            run.declared = True
+            run.add_role(role, size)
+        ws = run.add_role(msg.role, msg.world_size)
+        if msg.world_size != ws:
+            self.health.world_size_conflict += 1
+            self._ratelog.warn(
+                f"ws:{msg.run}:{msg.role}",
+                f"run {msg.run!r} role {msg.role!r}: rank {msg.rank} says world size "
+                f"{msg.world_size}, the first registration said {ws}; keeping {ws}",
+            )
+        prod = ProducerInfo(
+            msg.producer, msg.run, msg.role, msg.rank, msg.world_size, msg.host, now
+        )
+        self.producers[msg.producer] = prod
+        previous = run.slots.get(prod.slot)
+        run.slots[prod.slot] = prod.pid
+        if previous is not None:
+            log.info(
+                "run %r: %s/%d re-registered from a new process (host %s)",
+                msg.run,
+                msg.role,
+                msg.rank,
+                msg.host,
+            )
+        else:
+            log.info(
+                "run %r: %s/%d of %d registered (host %s)",
+                msg.run,
+                msg.role,
+                msg.rank,
+                ws,
+                msg.host,
+            )
+        self.health.producers = len(self.producers)
+        return prod
+
+    def seen(self, pid: int, now: float) -> ProducerInfo | None:
+        """The producer of a message, marked alive; None (counted) if it never registered."""
+        prod = self.producers.get(pid)
+        if prod is None:
+            self.health.unknown_producer += 1
+            return None
+        prod.last_seen = now
+        return prod
+
+    def note_stats(self, prod: ProducerInfo, stats: Mapping[str, int]) -> None:
+        prod.stats = stats
+        self.health.producer_stats[prod.pid] = stats
+
+    def holds_slot(self, prod: ProducerInfo) -> bool:
+        """Whether ``prod`` is the producer its run counts for its (role, rank): not replaced
+        by a newer process, and within the role's world size."""
+        run = self.runs[prod.run]
+        return run.slots.get(prod.slot) == prod.pid and prod.rank < run.roles[prod.role]
+
+    def gone(self, run_name: str, slot: Slot, now: float) -> bool:
+        """The slot's producer fell silent, or nobody registered for it in time."""
+        run = self.runs[run_name]
+        pid = run.slots.get(slot)
+        if pid is None:
+            return now - run.first_seen >= self.liveness_s
+        prod = self.producers[pid]
+        return not prod.finished and now - prod.last_seen >= self.liveness_s
+
+    def finished_slots(self, run_name: str, step: int) -> set[Slot]:
+        """Slots whose producer has already finished ``step`` (for a step opened late)."""
+        run = self.runs[run_name]
+        return {
+            slot
+            for slot, pid in run.slots.items()
+            if self.producers[pid].watermark >= step and slot[1] < run.roles[slot[0]]
+        }
+
+    # ------------------------------------------------------------------ durable state
+
+    def snapshot(self) -> dict:
+        return {
+            "producers": {
+                str(p.pid): [p.run, p.role, p.rank, p.world_size, p.host, p.watermark]
+                for p in self.producers.values()
+            },
+            "runs": {
+                name: {
+                    "roles": run.roles,
+                    "role_bits": run.role_bits,
+                    "slots": [[role, rank, pid] for (role, rank), pid in run.slots.items()],
+                    "declared": run.declared,
+                }
+                for name, run in self.runs.items()
+            },
+        }
+
+    def restore(self, snapshot: Mapping, now: float) -> None:
+        for pid, (run, role, rank, ws, host, watermark) in snapshot.get("producers", {}).items():
+            self.producers[int(pid)] = ProducerInfo(
+                int(pid), run, role, rank, ws, host, now, watermark
+            )
+        for name, data in snapshot.get("runs", {}).items():
+            run = self.runs[name] = Members(now)
+            run.roles = dict(data["roles"])
+            run.role_bits = dict(data["role_bits"])
+            run.slots = {(role, rank): int(pid) for role, rank, pid in data["slots"]}
+            run.declared = bool(data.get("declared", False))
+        self.health.producers = len(self.producers)
+
+    def ensure_run(self, name: str, now: float) -> Members:
+        """The run's members, created empty if unknown (recovery of an emitted step)."""
+        run = self.runs.get(name)
+        if run is None:
+            run = self.runs[name] = Members(now)
+        return run

@@ -1,0 +1,164 @@
+"""The collector's side of the wire: the ROUTER socket (bound, optionally CurveZMQ), and the
+receiver that turns its frames into validated messages and sends acknowledgements back.
+
+:func:`open_socket` builds the socket from the config; :class:`Receiver` takes any socket
+with ZeroMQ's ``recv_multipart``/``send_multipart`` (tests pass their own). Rejects are counted
+by reason and logged with rate limiting; a failed CurveZMQ handshake is counted too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from collector.config import CollectorConfig
+from collector.health import Health
+from collector.ratelog import RateLimitedLog
+from schemas import protocol
+from schemas.errors import ConfigError, SchemaError
+
+log = logging.getLogger("rlpulse.collector")
+RCVHWM = 100_000
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+class Endpoint:
+    """The bound socket and what comes with it: the ZAP authenticator and the monitor of
+    failed handshakes (with CurveZMQ). ``close()`` undoes it all, safe to call twice."""
+
+    def __init__(self, config: CollectorConfig, context: zmq.Context) -> None:
+        self.context = context
+        self.auth: ThreadAuthenticator | None = None
+        self.monitor: zmq.Socket | None = None
+        self.socket = context.socket(zmq.ROUTER)
+        try:
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.setsockopt(zmq.RCVHWM, RCVHWM)
+            # Hard cap in libzmq (the peer is disconnected); the decoder's softer limit is counted.
+            self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_message_bytes)
+            if config.curve is not None:
+                self._secure(config.curve)
+            try:
+                self.socket.bind(config.bind)
+            except zmq.ZMQError as exc:  # in use, not an address of this machine, bad transport
+                raise ConfigError(
+                    "bind", f"cannot listen there: {exc.strerror}", config.bind
+                ) from None
+        except BaseException:
+            self.close()
+            raise
+        self.address: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _secure(self, curve: Mapping[str, str]) -> None:
+        """CurveZMQ: encrypt, and admit only clients whose public key is in ``clients_dir``."""
+        clients = Path(curve["clients_dir"])
+        secrets = sorted(p.name for p in clients.glob("*.key_secret"))
+        if secrets:
+            log.warning(
+                "curve.clients_dir %s holds secret keys (%s): it needs only the workers' public "
+                "*.key files; keep secret keys on the workers",
+                clients,
+                ", ".join(secrets),
+            )
+        if not any(clients.glob("*.key")):
+            log.warning(
+                "curve.clients_dir %s holds no public key (*.key): every client is refused", clients
+            )
+        public, secret = zmq.auth.load_certificate(str(curve["server_cert"]))
+        if secret is None:
+            raise ConfigError(
+                "curve.server_cert",
+                "holds no secret key: use the *.key_secret file",
+                curve["server_cert"],
+            )
+        self.auth = ThreadAuthenticator(self.context)
+        self.auth.start()
+        self.auth.configure_curve(domain="*", location=str(clients))
+        self.socket.curve_secretkey = secret
+        self.socket.curve_publickey = public
+        self.socket.curve_server = True
+        self.monitor = self.socket.get_monitor_socket(_HANDSHAKE_FAILED)
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
+            self.monitor = None
+        if not self.socket.closed:
+            self.socket.close()
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+
+
+class Receiver:
+    """Frames in, validated messages out; acknowledgements back to their producers."""
+
+    def __init__(
+        self,
+        socket: Any,
+        limits: protocol.Limits,
+        health: Health,
+        monitor: Any | None = None,
+    ) -> None:
+        self.socket = socket
+        self.limits = limits
+        self.health = health
+        self.monitor = monitor
+        self._ratelog = RateLimitedLog(log)
+
+    def receive(self, budget: int) -> Iterator[tuple[bytes, protocol.Message, bytes]]:
+        """Up to ``budget`` waiting messages, without blocking: ``(identity, message, raw)``
+        of each valid one (the rest are counted by reason)."""
+        sock, health = self.socket, self.health
+        for _ in range(budget):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            health.messages_received += 1
+            if len(frames) != 2:
+                health.reject("bad_frames")
+                self._ratelog.warn(
+                    "bad_frames", f"rejected a message of {len(frames) - 1} frames (expected 1)"
+                )
+                continue
+            identity, raw = frames
+            try:
+                msg = protocol.decode(raw, self.limits)
+            except SchemaError as exc:
+                health.reject(exc.reason)
+                self._ratelog.warn(
+                    f"malformed:{exc.reason}", f"rejected a malformed message: {exc.detail}"
+                )
+                continue
+            yield identity, msg, raw
+
+    def acknowledge(self, acks: list[tuple[bytes, bytes]]) -> None:
+        for identity, ack in acks:
+            # A producer gone or slow to read resends, and is acknowledged again then.
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.send_multipart([identity, ack], zmq.NOBLOCK)
+
+    def count_handshake_failures(self) -> None:
+        monitor = self.monitor
+        while monitor is not None:
+            try:
+                monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.health.handshake_failed += 1
+            self._ratelog.warn(
+                "handshake", "refused a client: CurveZMQ handshake or authentication failed"
+            )

@@ -1,0 +1,225 @@
+"""Open steps of a run: merging entries into them, and deciding when each is done.
+
+Each run keeps a table of the names it has seen (a row index and the catalog's resolution per
+name) and one :class:`StepState` per open step: an array of mergeable states
+(``schemas.values``), which rows were touched and by which roles, and which (role, rank)
+slots have finished the step. A rank finishes step ``s`` by logging a later step, by saying so
+(``done``), or by closing.
+
+A step is *complete* when every expected slot has finished it; it is emitted *partial*,
+naming the missing slots, when ``grace_s`` has passed since the first slot finished it, when
+every missing slot is gone (``Membership.gone``), or when more than ``max_open_steps`` steps
+of the run are open (the oldest goes). A new run's steps wait ``settle_s`` for roles still
+registering, unless a producer declared the topology.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collector.health import Health
+from collector.membership import Members, Slot
+from collector.ratelog import RateLimitedLog
+from schemas import protocol
+from schemas.catalog import Catalog, Resolved
+from schemas.reductions import Reduction
+from schemas.values import empty_rows, merge_rows, read_row
+
+log = logging.getLogger("rlpulse.collector")
+MAX_LAYOUTS = 4096
+"""Entry shapes (names + kinds) cached per run."""
+
+
+@dataclass
+class StepState:
+    """Partial aggregate of one step."""
+
+    step: int
+    rows: np.ndarray
+    touched: np.ndarray
+    roles: np.ndarray
+    done: set[Slot] = field(default_factory=set)
+    contributors: set[int] = field(default_factory=set)
+    t_first: float = math.inf
+    t_last: float = -math.inf
+    nonfinite: Counter[str] = field(default_factory=Counter)
+    first_done_at: float | None = None
+    position: object = None
+    """Write-ahead-log position of the step's first data: the log is needed from here on."""
+
+    def grow(self, n: int) -> None:
+        """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""
+        size = self.rows.shape[0]
+        if n > size:
+            extra = max(n, 2 * size) - size
+            self.rows = np.concatenate([self.rows, empty_rows(extra)])
+            self.touched = np.concatenate([self.touched, np.zeros(extra, dtype=bool)])
+            self.roles = np.concatenate([self.roles, np.zeros(extra, dtype=np.int64)])
+
+    def finish(self, slot: Slot, now: float) -> None:
+        self.done.add(slot)
+        if self.first_done_at is None:
+            self.first_done_at = now
+
+
+@dataclass
+class _Layout:
+    """Cached translation of one entry shape (names + kinds) to row indices of a run."""
+
+    idx: np.ndarray | slice
+    """Row indices; a slice when they are consecutive (the usual case: a producer's names
+    enter the table together), so merging works on views instead of fancy-index copies."""
+    keep: np.ndarray | None
+    last: np.ndarray
+    touches_last: bool
+
+
+class RunSteps:
+    """One run's name table and open steps."""
+
+    def __init__(self, name: str, *, catalog: Catalog, health: Health, max_names: int) -> None:
+        self.name = name
+        self.catalog = catalog
+        self.health = health
+        self.max_names = max_names
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.resolved: list[Resolved] = []
+        self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
+        self.steps: dict[int, StepState] = {}
+        self.last_emitted = -1
+        self._ratelog = RateLimitedLog(log)
+
+    # ------------------------------------------------------------------ names
+
+    def _row_of(self, name: str, kind: int) -> int | None:
+        """The row of ``name``, added on first sight; None when it is dropped (counted)."""
+        j = self.index.get(name)
+        if j is None:
+            resolved = self.catalog.resolve(name, Reduction(kind))
+            if resolved.derived:
+                self.health.derived_logged += 1
+                self._ratelog.warn(
+                    f"derived:{name}",
+                    f"{name} is computed by the collector; producers must not log it (dropped)",
+                )
+                return None
+            if len(self.names) >= self.max_names:
+                self.health.names_overflow += 1
+                self._ratelog.warn(
+                    f"names:{self.name}",
+                    f"run {self.name!r} has {self.max_names} distinct names; dropping new name "
+                    f"{name!r}",
+                )
+                return None
+            j = len(self.names)
+            self.index[name] = j
+            self.names.append(name)
+            self.resolved.append(resolved)
+        if int(self.resolved[j].reduction) != kind:
+            self.health.kind_mismatch += 1
+            self._ratelog.warn(
+                f"kind:{name}",
+                f"{name}: producer sent reduction {Reduction(kind).name}, the catalog says "
+                f"{self.resolved[j].reduction.name}; using the catalog",
+            )
+        return j
+
+    def layout(self, entry: protocol.Entry) -> _Layout:
+        key = (entry.names, entry.kinds)
+        layout = self.layouts.get(key)
+        if layout is not None:
+            return layout
+        rows = [
+            self._row_of(name, kind) for name, kind in zip(entry.names, entry.kinds, strict=True)
+        ]
+        keep = np.array([j is not None for j in rows], dtype=bool)
+        idx = np.array([j for j in rows if j is not None], dtype=np.int64)
+        last = np.array([self.resolved[j].reduction is Reduction.LAST for j in idx], dtype=bool)
+        consecutive = len(idx) > 0 and bool((np.diff(idx) == 1).all())
+        where: np.ndarray | slice = slice(int(idx[0]), int(idx[-1]) + 1) if consecutive else idx
+        layout = _Layout(where, None if keep.all() else keep, last, bool(last.any()))
+        if len(self.layouts) < MAX_LAYOUTS:
+            self.layouts[key] = layout
+        return layout
+
+    # ------------------------------------------------------------------ steps
+
+    def open(self, step: int, now: float, finished: set[Slot], position: object) -> StepState:
+        """A new open step; ``finished`` are the slots that already finished it."""
+        n = max(len(self.names), 8)
+        state = StepState(step, empty_rows(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64))
+        state.done |= finished
+        if state.done:
+            state.first_done_at = now
+        state.position = position
+        self.steps[step] = state
+        return state
+
+    def merge(self, state: StepState, entry: protocol.Entry, role_bit: int, pid: int) -> None:
+        layout = self.layout(entry)
+        rows = entry.values if layout.keep is None else entry.values[layout.keep]
+        if len(rows):
+            state.grow(len(self.names))
+            merge_rows(state.rows, layout.idx, rows, layout.last if layout.touches_last else None)
+            state.touched[layout.idx] = True
+            state.roles[layout.idx] |= 1 << role_bit
+        for name, count in entry.nonfinite.items():
+            state.nonfinite[name] += count
+        state.contributors.add(pid)
+        state.t_first = min(state.t_first, entry.time)
+        state.t_last = max(state.t_last, entry.time)
+
+    def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
+        """``slot`` has finished every step in ``(old, watermark]``."""
+        for step, state in self.steps.items():
+            if old < step <= watermark:
+                state.finish(slot, now)
+
+    def due(
+        self,
+        members: Members,
+        now: float,
+        *,
+        grace_s: float,
+        settle_s: float,
+        max_open_steps: int,
+        gone: Callable[[Slot], bool],
+    ) -> Iterator[tuple[StepState, set[Slot]]]:
+        """The open steps to emit now, oldest first, each with its missing slots. Stops at
+        the first step that must still wait: steps are emitted in order."""
+        expected = members.expected()
+        for step in sorted(self.steps):
+            state = self.steps[step]
+            # done only ever holds expected slots, so counting them says "complete"
+            missing = expected - state.done if len(state.done) < len(expected) else set()
+            if not missing and members.settling(now, settle_s):
+                return  # other roles of a new run may still be starting up
+            if missing:
+                overflow = len(self.steps) > max_open_steps
+                graced = state.first_done_at is not None and now - state.first_done_at >= grace_s
+                if not (overflow or graced or all(gone(s) for s in missing)):
+                    return
+            yield state, missing
+
+    def close(self, state: StepState, members: Members) -> tuple[dict[str, float], dict[str, str]]:
+        """Remove an emitted step; return its metrics and the role(s) behind each."""
+        del self.steps[state.step]
+        self.last_emitted = max(self.last_emitted, state.step)
+        metrics: dict[str, float] = {}
+        roles: dict[str, str] = {}
+        for j in np.flatnonzero(state.touched[: len(self.names)]):
+            row = state.rows[j]
+            owner = members.role_names(int(state.roles[j]))
+            for stat, out in self.resolved[j].outputs.items():
+                value = read_row(row, stat)
+                if value is not None:
+                    metrics[out] = value
+                    roles[out] = owner
+        return metrics, roles

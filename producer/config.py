@@ -1,0 +1,62 @@
+"""The producer's settings: one frozen dataclass, every default written here once.
+
+>>> ProducerConfig(heartbeat_s=0.5).close_timeout_s
+2.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from schemas.errors import ConfigError
+
+MIB = 1024 * 1024
+FLUSH_TIMEOUT_S = 5.0
+"""How long ``flush()`` waits by default."""
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """How a producer buffers, paces and bounds its work.
+
+    * ``max_pending``: ``log()`` calls queued for the sender thread; beyond it calls are
+      dropped and counted (``dropped_queue_full``).
+    * ``heartbeat_s``: seconds between heartbeats (the collector's liveness and the producer's
+      counters ride on them).
+    * ``close_timeout_s``: how long ``close()`` waits for the collector's acknowledgements.
+    * ``sndhwm``: messages ZeroMQ may queue on a live connection before sends are refused.
+    * ``max_unacked``, ``max_unacked_bytes``: messages kept for resending until acknowledged;
+      beyond either, new ones are dropped and counted (``dropped_buffer_full``).
+    * ``resend_s``: acknowledgements stalled this long make the producer resend.
+    * ``gpu_sample_s``: seconds between NVML readings of the GPUs; 0 turns GPU state off.
+    * ``snapshot_limit_bytes``: GPU memory held by snapshots the sender has not reduced yet;
+      past it ``log()`` reduces on the caller's stream (``producer.device``).
+    """
+
+    max_pending: int = 10_000
+    heartbeat_s: float = 1.0
+    close_timeout_s: float = 2.0
+    sndhwm: int = 1000
+    max_unacked: int = 10_000
+    max_unacked_bytes: int = 256 * MIB
+    resend_s: float = 2.0
+    gpu_sample_s: float = 1.0
+    snapshot_limit_bytes: int = 256 * MIB
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigError(f.name, "must be a positive integer", value)
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f.name, "must be a number of seconds", value)
+            elif not math.isfinite(value) or value < 0:
+                raise ConfigError(f.name, "must be a finite, non-negative number of seconds", value)
+        if self.heartbeat_s <= 0 or self.resend_s <= 0:
+            name = "heartbeat_s" if self.heartbeat_s <= 0 else "resend_s"
+            raise ConfigError(name, "must be positive", getattr(self, name))
+
+
+DEFAULT = ProducerConfig()

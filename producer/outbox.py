@@ -1,0 +1,194 @@
+"""Delivery bookkeeping without I/O: sequence numbers, acknowledgements, resends, and the
+registration handshake.
+
+Delivery is at least once, made exactly once by the collector's deduplication: every data
+message (``metrics``, ``done``, ``bye``) gets the next sequence number and stays in a bounded
+*unacked* buffer until the collector acknowledges it (cumulatively, once it is in its
+write-ahead log). Everything unacknowledged is resent, in order, after a reconnection or when
+acknowledgements stall for ``resend_s``. When the buffer is full, new messages are refused
+and the sender counts them (``dropped_buffer_full``), never silently.
+
+Registration: on each connection the hello goes out before any data, and is repeated every
+``HELLO_RETRY_S`` until the collector answers (any ``ack``): right after a TCP connection is
+up ZeroMQ may still be handshaking and refuse the first send.
+
+>>> box = Outbox(max_messages=10, max_bytes=1000, resend_s=2.0)
+>>> box.add(lambda seq: b"m%d" % seq, entries=1), box.next_unsent().seq
+(True, 1)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from schemas import protocol
+
+HELLO_RETRY_S = 0.2
+"""Until the collector acknowledges our hello, it is sent again this often."""
+
+
+class Outgoing:
+    """One data message: its number, bytes, and how many ``log()`` calls it carries."""
+
+    __slots__ = ("entries", "payload", "seq", "size")
+
+    def __init__(self, seq: int, payload: bytes, entries: int) -> None:
+        self.seq = seq
+        self.payload = payload
+        self.entries = entries
+        self.size = len(payload)
+
+
+class Outbox:
+    """The data messages of one producer, from numbering to acknowledgement. Time is passed
+    in (monotonic seconds), so tests drive it without sleeping."""
+
+    def __init__(self, *, max_messages: int, max_bytes: int, resend_s: float) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.resend_s = resend_s
+        self.next_seq = 1
+        self.acked = 0
+        self._unacked: deque[Outgoing] = deque()
+        self._unacked_bytes = 0
+        self._unsent: deque[Outgoing] = deque()
+        self._progress_at = 0.0
+        self._flush_waiters: list[tuple[int, threading.Event]] = []
+
+    # ------------------------------------------------------------------ numbering
+
+    def add(self, encode: Callable[[int], bytes], entries: int) -> bool:
+        """Number a message and keep it until acknowledged; False when the buffer is full."""
+        if len(self._unacked) >= self.max_messages or self._unacked_bytes >= self.max_bytes:
+            return False
+        item = Outgoing(self.next_seq, encode(self.next_seq), entries)
+        self.next_seq += 1
+        self._unacked.append(item)
+        self._unacked_bytes += item.size
+        self._unsent.append(item)
+        return True
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def base(self) -> int:
+        """The oldest unacknowledged number (the next one when none is pending): the hello
+        tells a collector without saved state that everything below is acknowledged."""
+        return self._unacked[0].seq if self._unacked else self.next_seq
+
+    def lost_entries(self) -> int:
+        """``log()`` calls in messages still unacknowledged (what a close now would lose)."""
+        return sum(item.entries for item in self._unacked)
+
+    # ------------------------------------------------------------------ sending
+
+    def next_unsent(self) -> Outgoing | None:
+        return self._unsent[0] if self._unsent else None
+
+    def sent(self) -> None:
+        """The message :meth:`next_unsent` returned went out."""
+        self._unsent.popleft()
+
+    def resend_all(self, now: float) -> int:
+        """Send everything unacknowledged again, in order; return how many are repeats."""
+        repeats = len(self._unacked) - len(self._unsent)
+        if self._unacked:
+            self._unsent = deque(self._unacked)
+        self._progress_at = now
+        return repeats
+
+    def stalled(self, now: float) -> bool:
+        """Everything went out, yet nothing was acknowledged for ``resend_s``."""
+        return bool(self._unacked) and not self._unsent and now - self._progress_at > self.resend_s
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    def ack(self, seq: int, now: float) -> None:
+        """The collector has every message up to ``seq``."""
+        if seq > self.acked:
+            self.acked = seq
+            self._progress_at = now
+        unacked = self._unacked
+        while unacked and unacked[0].seq <= seq:
+            self._unacked_bytes -= unacked.popleft().size
+        while self._unsent and self._unsent[0].seq <= seq:
+            self._unsent.popleft()
+        if self._flush_waiters:
+            waiting = []
+            for target, event in self._flush_waiters:
+                if self.acked >= target:
+                    event.set()
+                else:
+                    waiting.append((target, event))
+            self._flush_waiters = waiting
+
+    def when_acked(self, event: threading.Event) -> None:
+        """Set ``event`` once everything numbered so far is acknowledged."""
+        target = self.next_seq - 1
+        if self.acked >= target:
+            event.set()
+        else:
+            self._flush_waiters.append((target, event))
+
+    def release_waiters(self) -> None:
+        """Closing: wake every flush, acknowledged or not."""
+        for _, event in self._flush_waiters:
+            event.set()
+        self._flush_waiters = []
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a producer is: what its hello says."""
+
+    run: str
+    role: str
+    rank: int = 0
+    world_size: int = 1
+    expected: Mapping[str, int] = field(default_factory=dict)
+    """The run's whole topology (role -> world size), when the producer knows it."""
+
+
+class Registration:
+    """What the hello says, and whether the collector knows this producer on the current
+    connection."""
+
+    def __init__(self, identity: Identity, producer_id: int) -> None:
+        self.identity = identity
+        self.producer_id = producer_id
+        self.sent_at: float | None = None
+        """When the hello last went out on this connection (None: not yet)."""
+        self.answered = False
+
+    def reset(self) -> None:
+        """A new (or lost) connection: say hello again."""
+        self.sent_at = None
+        self.answered = False
+
+    def due(self, now: float) -> bool:
+        """Send the hello now: not yet on this connection, or unanswered for a while."""
+        if self.answered:
+            return False
+        return self.sent_at is None or now - self.sent_at >= HELLO_RETRY_S
+
+    def hello(self, base: int) -> bytes:
+        """The registration message; ``base`` is the outbox's oldest unacknowledged number."""
+        ident = self.identity
+        return protocol.encode_hello(
+            self.producer_id,
+            base,
+            run=ident.run,
+            role=ident.role,
+            rank=ident.rank,
+            world_size=ident.world_size,
+            expected=ident.expected,
+        )
+
+    @property
+    def data_may_follow(self) -> bool:
+        """Data goes out only after the hello has, on the same connection."""
+        return self.sent_at is not None

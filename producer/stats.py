@@ -1,0 +1,35 @@
+"""A producer's counters, named by the wire protocol's ``STAT_KEYS`` (their one spelling).
+
+Two threads count, each into its own :class:`Counters` (no shared writes): the caller
+(``log()``) and the sender thread. :func:`combine` adds them up for ``Producer.stats()``, the
+heartbeats and the goodbye.
+
+>>> caller, sender = Counters(), Counters()
+>>> caller.logged += 2; sender.sent_messages += 1
+>>> combine(caller, sender, unacked=0)["logged"]
+2
+"""
+
+from __future__ import annotations
+
+from schemas.protocol import STAT_KEYS
+
+_COUNTED = tuple(key for key in STAT_KEYS if key != "unacked")  # unacked is a gauge
+
+
+class Counters:
+    """Every counter of ``STAT_KEYS`` (but the ``unacked`` gauge), written by one thread."""
+
+    __slots__ = _COUNTED
+
+    def __init__(self) -> None:
+        for key in _COUNTED:
+            setattr(self, key, 0)
+
+
+def combine(caller: Counters, sender: Counters, *, unacked: int) -> dict[str, int]:
+    """The producer's counters as the protocol names them."""
+    return {
+        key: unacked if key == "unacked" else getattr(caller, key) + getattr(sender, key)
+        for key in STAT_KEYS
+    }

@@ -1,0 +1,178 @@
+"""How a producer's bytes reach the collector: a small protocol, over ZeroMQ or in memory.
+
+The sender thread (``producer.sender``) only ever calls :class:`Transport`: non-blocking
+``send``/``receive`` of whole messages, and the connection's ups and downs as events. The
+ZeroMQ transport is what runs in workers; :class:`MemoryTransport` lets tests drive a
+producer with no socket at all, connecting, dropping and answering as they please.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """CurveZMQ keys (Z85 bytes): the collector's public key and this client's key pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+
+class Link(enum.Enum):
+    """What happened to the connection."""
+
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+    REFUSED = "refused"
+    """A connection attempt found nobody listening."""
+
+
+class Transport(Protocol):
+    """A message pipe to one collector; used from the sender thread only."""
+
+    def send(self, payload: bytes) -> bool:
+        """Queue one message without blocking; False when it cannot go now (nothing queued)."""
+        ...
+
+    def receive(self) -> bytes | None:
+        """The next message from the collector, or None; never blocks."""
+        ...
+
+    def events(self, wait_s: float = 0.0) -> list[Link]:
+        """Connection events since the last call; with ``wait_s``, wait that long for one."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TransportError(RuntimeError):
+    """A send failed for a reason other than "not now" (counted by the sender)."""
+
+
+class ZmqTransport:
+    """A DEALER socket connected to ``address``. ``ZMQ_IMMEDIATE`` keeps ZeroMQ from queueing
+    for a collector that is not connected (the producer's own buffer holds the data), and
+    ``LINGER 0`` keeps close from hanging on undelivered messages."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        sndhwm: int,
+        curve: CurveKeys | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self._context = context or zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, sndhwm)
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        if curve is not None:
+            self._socket.curve_serverkey = curve.server_public
+            self._socket.curve_publickey = curve.public
+            self._socket.curve_secretkey = curve.secret
+        self._monitor = self._socket.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+        )
+        self._socket.connect(address)
+
+    def send(self, payload: bytes) -> bool:
+        try:
+            self._socket.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            raise TransportError(str(exc)) from None
+        return True
+
+    def receive(self) -> bytes | None:
+        if not self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return None  # the cheap check: no exception, no poll
+        try:
+            return self._socket.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def events(self, wait_s: float = 0.0) -> list[Link]:
+        monitor, out = self._monitor, []
+        if wait_s > 0 and not monitor.poll(int(wait_s * 1000)):
+            return out
+        while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            event = int.from_bytes(monitor.recv_multipart()[0][:2], "little")
+            if event == zmq.EVENT_CONNECT_RETRIED:
+                out.append(Link.REFUSED)
+            else:
+                out.append(Link.CONNECTED if event == zmq.EVENT_CONNECTED else Link.DISCONNECTED)
+        return out
+
+    def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self._socket.close(linger=0)
+        self._context.term()
+
+
+class MemoryTransport:
+    """A transport with the collector's end in the test's hands.
+
+    ``sent`` holds what the producer sent; ``reply()`` queues a message for it; ``connect()``,
+    ``disconnect()`` and ``refuse()`` raise connection events; ``accepting = False`` makes
+    sends fail as ZeroMQ does mid-handshake.
+
+    >>> t = MemoryTransport()
+    >>> t.connect(); t.events()
+    [<Link.CONNECTED: 'connected'>]
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.accepting = True
+        self.closed = False
+        self._replies: deque[bytes] = deque()
+        self._events: deque[Link] = deque()
+        self._signal = threading.Event()
+
+    def connect(self) -> None:
+        self._event(Link.CONNECTED)
+
+    def disconnect(self) -> None:
+        self._event(Link.DISCONNECTED)
+
+    def refuse(self) -> None:
+        self._event(Link.REFUSED)
+
+    def reply(self, payload: bytes) -> None:
+        self._replies.append(payload)
+
+    def _event(self, link: Link) -> None:
+        self._events.append(link)
+        self._signal.set()
+
+    def send(self, payload: bytes) -> bool:
+        if not self.accepting or self.closed:
+            return False
+        self.sent.append(payload)
+        return True
+
+    def receive(self) -> bytes | None:
+        return self._replies.popleft() if self._replies else None
+
+    def events(self, wait_s: float = 0.0) -> list[Link]:
+        if wait_s > 0 and not self._events:
+            self._signal.wait(wait_s)
+        self._signal.clear()
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,83 @@
+"""The sender thread over an in-memory transport: no socket, the test plays the collector and
+the network (connects, refuses sends mid-handshake, drops the connection, answers)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from producer import Producer, ProducerConfig
+from producer.transport import MemoryTransport
+from schemas import protocol
+
+QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
+
+
+def sent(t: MemoryTransport) -> list[protocol.Message]:
+    return [protocol.decode(b) for b in list(t.sent)]
+
+
+def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def kinds(t: MemoryTransport) -> list[str]:
+    return [type(m).__name__ for m in sent(t)]
+
+
+def test_nothing_goes_out_before_the_hello_and_a_refused_hello_is_sent_again() -> None:
+    t = MemoryTransport()
+    t.accepting = False  # connected, but ZeroMQ still handshaking: sends are refused
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    p.log({"x": 1.0}, step=0)
+    t.connect()
+    time.sleep(0.3)
+    assert t.sent == []
+    t.accepting = True
+    assert until(lambda: "Metrics" in kinds(t))
+    assert kinds(t)[0] == "Hello"
+    assert until(lambda: kinds(t).count("Hello") >= 2)  # unanswered: said again
+    metrics = next(m for m in sent(t) if isinstance(m, protocol.Metrics))
+    t.reply(protocol.encode_ack(metrics.producer, metrics.seq))
+    assert until(lambda: p.stats()["unacked"] == 0)
+    hellos = kinds(t).count("Hello")
+    time.sleep(0.5)  # answered (any ack): no more hellos
+    assert kinds(t).count("Hello") == hellos
+    p.close(timeout=0.2)
+
+
+def test_a_new_connection_gets_a_hello_and_everything_unacknowledged_again() -> None:
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    for step in range(3):
+        p.log({"x": float(step)}, step=step)
+    assert until(lambda: sum(isinstance(m, protocol.Metrics) for m in sent(t)) >= 1)
+    t.sent.clear()
+    t.disconnect()
+    t.connect()
+    assert until(lambda: "Metrics" in kinds(t))
+    again = sent(t)
+    assert isinstance(again[0], protocol.Hello) and again[0].seq == 1  # nothing acked yet
+    steps = [e.step for m in again if isinstance(m, protocol.Metrics) for e in m.entries]
+    assert steps == [0, 1, 2] and p.stats()["resent_messages"] >= 1
+    p.close(timeout=0.2)
+
+
+def test_close_waits_its_timeout_then_counts_what_is_unacknowledged() -> None:
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    p.log({"x": 1.0}, step=0)
+    p.log({"x": 2.0}, step=1)
+    started = time.monotonic()
+    p.close(timeout=0.4)
+    assert 0.3 < time.monotonic() - started < 2.0
+    stats = p.stats()
+    assert stats["dropped_send"] == 2 and stats["unacked"] > 0
+    assert "Bye" in kinds(t) and t.closed
