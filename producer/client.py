@@ -177,7 +177,8 @@ class Producer:
                 )
                 return
             payload = dict(data)
-            device = self._device_context()
+            # Inlined _device_context(): this is the hot path.
+            device = self._device if self._device_known else self._find_device()
             for name, value in payload.items():
                 if type(value) in _SIMPLE:
                     continue
