@@ -30,7 +30,24 @@ from schemas.evaluation import (  # held-out validation, listed here
     VAL_REPETITION_RATE as VAL_REPETITION_RATE,
     VAL_SCORE as VAL_SCORE,
 )
+from schemas.histogram import Histogram
 from schemas.reductions import Reduction, Stat
+from schemas.serving import (  # the policy server's metrics, listed here
+    SERVE_BATCH_SIZE as SERVE_BATCH_SIZE,
+    SERVE_ERRORS as SERVE_ERRORS,
+    SERVE_ERRORS_TOTAL as SERVE_ERRORS_TOTAL,
+    SERVE_LATENCY as SERVE_LATENCY,
+    SERVE_LATENCY_BUCKETS as SERVE_LATENCY_BUCKETS,
+    SERVE_LATENCY_P50 as SERVE_LATENCY_P50,
+    SERVE_LATENCY_P95 as SERVE_LATENCY_P95,
+    SERVE_LATENCY_P99 as SERVE_LATENCY_P99,
+    SERVE_LATENCY_SUMMARY as SERVE_LATENCY_SUMMARY,
+    SERVE_QUEUE_DEPTH as SERVE_QUEUE_DEPTH,
+    SERVE_REQUESTS as SERVE_REQUESTS,
+    SERVE_REQUESTS_TOTAL as SERVE_REQUESTS_TOTAL,
+    SERVE_TOKENS_GENERATED as SERVE_TOKENS_GENERATED,
+    SERVE_TOKENS_GENERATED_TOTAL as SERVE_TOKENS_GENERATED_TOTAL,
+)
 from schemas.system import (  # run-level throughput and stage times, listed here
     SYSTEM_SAMPLES as SYSTEM_SAMPLES,
     SYSTEM_STEP_SAMPLES as SYSTEM_STEP_SAMPLES,
@@ -333,7 +350,12 @@ ACTOR_REF_KL = Entry(
 )
 
 ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))
+HISTOGRAMS = tuple(v for v in list(globals().values()) if isinstance(v, Histogram))
+"""Histograms (``schemas.histogram``): their entries are listed above, their bucket
+templates below, and the collector derives their quantiles."""
 TEMPLATES: tuple[Template, ...] = (
+    *(h.buckets for h in HISTOGRAMS),
+    SERVE_ERRORS,
     TIME_PHASE,
     TIME_PHASE_GPU,
     MEMORY_GPU,

@@ -26,7 +26,8 @@ REFERENCE = "reference"
 ROLLOUT = "rollout"
 REWARD = "reward"
 DRIVER = "driver"
-ROLES = (ACTOR_TRAIN, CRITIC, REFERENCE, ROLLOUT, REWARD, DRIVER)
+SERVE = "serve"  # the policy server (python -m trainer.serve), an external worker
+ROLES = (ACTOR_TRAIN, CRITIC, REFERENCE, ROLLOUT, REWARD, DRIVER, SERVE)
 
 # Phases: what a worker does in a step.
 TRAIN_STEP = "train_step"

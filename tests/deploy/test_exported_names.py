@@ -28,7 +28,7 @@ from tests.deploy.promql import Query, dashboard_queries, references, rule_queri
 
 # Series Prometheus makes itself for every target; not on /metrics.
 SCRAPE_SYNTHETIC = {"up"}
-PHASES = (("actor_train", "train_step"), ("critic", "compute_values"))
+PHASES = (("actor_train", "train_step"), ("critic", "compute_values"), ("serve", "generate"))
 
 
 def _free_port() -> int:
@@ -38,8 +38,9 @@ def _free_port() -> int:
 
 
 def whole_catalog(step: int) -> dict[str, Any]:
-    """One value for every loggable catalog name and for template instances of two phases on
-    two devices (derived names are computed by the collector, not logged)."""
+    """One value for every loggable catalog name, every histogram and error kind, and
+    template instances of three phases on two devices (derived names are computed by the
+    collector, not logged)."""
     data: dict[str, Any] = {}
     for entry in M.ENTRIES:
         if entry.derived:
@@ -54,6 +55,10 @@ def whole_catalog(step: int) -> dict[str, Any]:
             data[entry.name] = 1000
         else:
             data[entry.name] = 1.0 + step
+    for histogram in M.HISTOGRAMS:  # buckets of three samples: the quantiles are derived
+        data.update(histogram.observe([0.01, 0.2, 3.0 + step]))
+    for kind in M.SERVE_ERRORS.choices["kind"]:
+        data[M.SERVE_ERRORS.format(kind=kind)] = 1
     for cluster, phase in PHASES:
         for part in M.TIME_PHASE.choices["part"]:
             data[M.TIME_PHASE.format(cluster=cluster, phase=phase, part=part)] = 0.5
