@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlpulse-installed
-EXTRAS := trainer,trackers,report,dev
+EXTRAS := trainer,trackers,report,dev,serve
 
 .PHONY: install demo demo-synthetic test test-slow lint bench clean
 
