@@ -24,6 +24,7 @@ from collector.promnames import PREFIX, prom_metric
 from schemas import metrics as M
 from schemas.catalog import Entry, Template
 from schemas.reductions import Stat
+from schemas.topology import GENERATE, SERVE
 
 HERE = Path(__file__).parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -566,11 +567,103 @@ def pipeline() -> dict[str, Any]:
     )
 
 
+def serving() -> dict[str, Any]:
+    """The policy server (``python -m trainer.serve``, role serve): traffic, errors, latency."""
+    r = "{{run}}"
+    rate = "[$__rate_interval]"
+    kinds = "|".join(
+        prom_metric(M.SERVE_ERRORS.format(kind=k)).name[len(PREFIX + "serve_errors_") :]
+        for k in M.SERVE_ERRORS.choices["kind"]
+    )
+    errors = template_query(f"serve_errors_({kinds})", ["kind"])
+    summary = M.SERVE_LATENCY_SUMMARY
+    rss = name_of(M.MEMORY_CPU.format(cluster=SERVE, phase=GENERATE, when="end", kind="rss"))
+    gpu = name_of(M.GPU_DEVICE_MEMORY.format(cluster=SERVE, device_id=0, stat="memory_process"))
+    panels = [
+        panel(
+            "Requests and errors per second",
+            [
+                (
+                    f"sum by (run) (rate({name(M.SERVE_REQUESTS_TOTAL)}{{{RUN}}}{rate}))",
+                    f"{r} requests",
+                ),
+                (
+                    f"sum by (run) (rate({name(M.SERVE_ERRORS_TOTAL)}{{{RUN}}}{rate}))",
+                    f"{r} errors",
+                ),
+            ],
+            "reqps",
+            description="Rates of the collector's running totals over every replica. Alert "
+            "RLPulseServeErrorRateHigh fires when errors exceed 5% of requests for 5m.",
+        ),
+        panel(
+            "Errors by kind (last window)",
+            [(errors, f"{r} {{{{kind}}}}")],
+            "none",
+            description="serve/errors/{kind} of the latest reporting window: 4xx kinds are "
+            "the clients' (the answer names the field), overloaded (503) and internal (500) "
+            "the server's.",
+        ),
+        panel(
+            "Latency quantiles",
+            [
+                (sel(M.SERVE_LATENCY_P50), f"{r} p50"),
+                (sel(M.SERVE_LATENCY_P95), f"{r} p95"),
+                (sel(M.SERVE_LATENCY_P99), f"{r} p99"),
+                (sel(summary, Stat.MEAN), f"{r} mean"),
+                (sel(summary, Stat.MAX), f"{r} max"),
+            ],
+            "s",
+            description="Per reporting window, over every replica: quantiles from the merged "
+            "latency histogram (exact to bucket resolution, 26% wide), mean and max exact. "
+            "Alert RLPulseServeLatencyP99High fires above 1 s.",
+        ),
+        panel(
+            "Tokens generated per second",
+            [(f"sum by (run) (rate({name(M.SERVE_TOKENS_GENERATED_TOTAL)}{{{RUN}}}{rate}))", r)],
+            "none",
+        ),
+        panel(
+            "Queue depth and batch size",
+            [
+                (sel(M.SERVE_QUEUE_DEPTH), f"{r} queue depth (max)"),
+                (sel(M.SERVE_BATCH_SIZE, Stat.MEAN), f"{r} batch size (mean)"),
+                (sel(M.SERVE_BATCH_SIZE, Stat.MAX), f"{r} batch size (max)"),
+            ],
+            "none",
+            description="Requests waiting for the model, and requests generated together per "
+            "model call: batches grow with load; a queue that stays full answers 503.",
+        ),
+        panel(
+            "Server memory",
+            [
+                (f"{rss}{{{RUN}}}", f"{r} rss at batch end"),
+                (f"{gpu}{{{RUN}}}", f"{r} GPU 0, server process"),
+            ],
+            "bytes",
+            description="Resident memory after a batch (serve/generate phase, max across "
+            "replicas), and GPU memory of the server process (NVML; absent without a GPU).",
+        ),
+    ]
+    return dashboard(
+        "rlpulse-serving",
+        "rlpulse / Serving",
+        "The policy server: requests, errors by kind, latency quantiles, tokens, queue, memory.",
+        layout(panels),
+    )
+
+
+def name_of(reported: str) -> str:
+    """The Prometheus name of a reported name (a template instance)."""
+    return prom_metric(reported).name
+
+
 DASHBOARDS = {
     "rlpulse-rl-overview.json": rl_overview,
     "rlpulse-throughput.json": throughput,
     "rlpulse-memory.json": memory,
     "rlpulse-pipeline.json": pipeline,
+    "rlpulse-serving.json": serving,
 }
 
 

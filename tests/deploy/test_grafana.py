@@ -69,6 +69,7 @@ def test_dashboards_are_well_formed() -> None:
         "rlpulse / Memory by phase and device",
         "rlpulse / Pipeline health",
         "rlpulse / RL overview",
+        "rlpulse / Serving",
         "rlpulse / Throughput and phase timings",
     ]
 

@@ -23,7 +23,11 @@ def test_promtool_check_config(promtool: str) -> None:
 
 
 def test_promtool_check_rules(promtool: str) -> None:
-    assert [p.name for p in RULES] == ["rlpulse-pipeline.yml", "rlpulse-rl.yml"]
+    assert [p.name for p in RULES] == [
+        "rlpulse-pipeline.yml",
+        "rlpulse-rl.yml",
+        "rlpulse-serve.yml",
+    ]
     done = run(promtool, "check", "rules", *map(str, RULES))
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -31,7 +35,7 @@ def test_promtool_check_rules(promtool: str) -> None:
 def test_promtool_test_rules(promtool: str) -> None:
     done = run(promtool, "test", "rules", *map(str, RULE_TESTS))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("SUCCESS") == len(RULE_TESTS) == 2
+    assert done.stdout.count("SUCCESS") == len(RULE_TESTS) == 3
 
 
 def test_every_alert_has_a_unit_test_that_fires_it() -> None:
