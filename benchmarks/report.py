@@ -530,6 +530,12 @@ def render() -> Path:
         "GPU: log() <= a naive .mean().item() on an idle GPU (1k, 1M); <= 100 µs with 200 ms "
         "queued; a phase queuing 300 ms reports >= 300 ms GPU time",
     )
+    body += section_optional(
+        "## 9. Serving under load",
+        _load("serve_load"),
+        goals,
+        "serving: locust's and the server's request counts agree at 1, 8 and 32 users; no errors",
+    )
     body += section_notes(cc, ing, lat)
     if cc:
         plot_caller(cc)

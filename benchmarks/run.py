@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "overhead": ([], 300),
     "faults": ([], 180),
     "reduce_cost": ([], 600),
+    "serve_load": ([], 300),
 }
 
 
