@@ -82,6 +82,20 @@ def main() -> int:
         f"  compare runs:                     .venv/bin/python -m collector compare {jsonl} "
         "OTHER/metrics.jsonl --key ppo.actor_lr"
     )
+    exported = sorted(
+        run_dir.glob("checkpoint-*/actor"),
+        key=lambda p: int(p.parent.name.removeprefix("checkpoint-")),
+    )
+    if exported:
+        policy = exported[-1]
+        print(
+            f"  serve the policy:                 .venv/bin/python -m trainer.serve --model {policy} "
+            "--port 8000\n"
+            "    then ask it:                     curl -s -X POST 127.0.0.1:8000/generate "
+            """-d '{"prompt": "abc>", "max_new_tokens": 6, "temperature": 0}'\n"""
+            "    (add --collector tcp://HOST:5555 to stream its metrics; see README, "
+            '"Serving the trained policy")'
+        )
     return 0
 
 
