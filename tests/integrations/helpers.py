@@ -1,0 +1,47 @@
+"""A real collector writing JSON lines, and the README's code blocks, for the integration tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from collector.launch import CollectorProcess, start_collector
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def jsonl_collector(tmp_path: Path) -> Iterator[tuple[CollectorProcess, Path]]:
+    """A collector on a free loopback port with one ``jsonl`` tracker; stopped (SIGTERM,
+    drained, exit 0 checked) when the block ends."""
+    out = tmp_path / "metrics.jsonl"
+    config = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(out)}}}
+    log = (tmp_path / "collector.log").open("w")
+    collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
+    try:
+        yield collector, out
+    finally:
+        code = collector.stop()
+        log.close()
+    assert code == 0, (tmp_path / "collector.log").read_text()
+
+
+def records(path: Path) -> dict[int, dict]:
+    """The emitted steps by step number (each step must appear once)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    by_step = {r["step"]: r for r in lines}
+    assert len(by_step) == len(lines), "a step was emitted twice"
+    return by_step
+
+
+def readme_block(heading: str, lang: str = "python", index: int = 0) -> str:
+    """The ``index``-th ``lang`` code block under the README heading ``heading``."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n{heading}\n")
+    following = re.compile(r"\n#{2,4} ").search(text, start + len(heading) + 1)
+    section = text[start : following.start() if following else None]
+    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)[index]
