@@ -1,0 +1,160 @@
+"""TRL (and any ``transformers.Trainer``): a callback that streams what the trainer logs.
+
+``RlpulseCallback`` runs in every process of a (``accelerate``/``torchrun``) job, each with a
+producer of its own: role ``trl`` (by default), rank ``args.process_index`` of
+``args.world_size``. What the trainer logs (``on_log``: loss, grad_norm, learning_rate, and
+for ``GRPOTrainer`` reward, kl, entropy, clip ratios, completion lengths...) is already
+gathered and averaged over the processes by TRL, the same number on every one of them, so it
+is sent once, by the main process, as the *driver's value* (:mod:`producer.integrations.driver`)
+and never merged again. The exceptions are each process's own timings (``step_time``,
+``train_runtime``, ``train_*_per_second``): the main process's are sent, as TRL's
+``log_history`` and its trackers (which log from the main process only) show them.
+
+Every process's producer (``callback.producer``) is there for metrics logged exactly from the
+training step itself, e.g. ``Masked(advantages, completion_mask)`` in ``compute_loss``: the
+collector pools them over every process's tokens. A step ``k`` is finished on every process
+when step ``k + 1`` begins (``on_step_begin``), and the producers close at ``on_train_end``.
+
+>>> # from producer.integrations.trl import RlpulseCallback
+>>> # trainer = GRPOTrainer(..., callbacks=[RlpulseCallback(run="grpo-1")]); trainer.train()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from producer.client import Producer
+from producer.config import DEFAULT, ProducerConfig
+from producer.integrations.driver import DriverStream, save_run_config
+
+log = logging.getLogger("rlpulse.integrations.trl")
+
+
+class RlpulseCallback(TrainerCallback):
+    """Streams a Trainer's logs to an rlpulse collector from every process, with its rank.
+
+    * ``address``: the collector (default ``RLPULSE_ADDRESS``, then ``tcp://127.0.0.1:5555``).
+    * ``run``: the run name (default ``args.run_name``, else the output directory's name).
+    * ``role``: the processes' role (default ``trl``); ``expected_roles`` adds other roles
+      of the run that log too.
+    * ``worker_side``: metrics the processes log exactly themselves; the main process leaves
+      TRL's value of them out.
+    * ``config_dir``: where the run's configuration (the training arguments and the model's
+      config) is saved as ``config.yaml``, ``{run}`` filled in; None: not saved.
+    * ``producer_config``: the producers' buffers and timings.
+
+    >>> cb = RlpulseCallback(run="grpo-1")
+    >>> cb.producer is None  # made when training begins
+    True
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        run: str | None = None,
+        role: str = "trl",
+        expected_roles: Mapping[str, int] | None = None,
+        worker_side: Iterable[str] = (),
+        config_dir: str | None = "runs/{run}",
+        producer_config: ProducerConfig = DEFAULT,
+        producer_factory: Callable[..., Producer] = Producer,
+    ) -> None:
+        if run is not None and (not isinstance(run, str) or not run):
+            raise ValueError(f"run must be a non-empty string, got {run!r}")
+        self.address = address
+        self.run = run
+        self.role = role
+        self.expected_roles = dict(expected_roles or {})
+        self.worker_side = tuple(worker_side)
+        self.config_dir = config_dir
+        self.producer_config = producer_config
+        self._factory = producer_factory
+        self._producer: Producer | None = None
+        self._stream: DriverStream | None = None
+        self.config_path: Path | None = None
+
+    @property
+    def producer(self) -> Producer | None:
+        """This process's producer, from ``on_train_begin`` until ``on_train_end``."""
+        return self._producer
+
+    def stats(self) -> dict[str, int]:
+        """The main process's driver-stream counts (empty on the other processes)."""
+        return self._stream.stats() if self._stream is not None else {}
+
+    # ------------------------------------------------------------------ Trainer events
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        if self._producer is not None:
+            return
+        run = self.run or args.run_name or Path(args.output_dir or "trl").name
+        self._producer = self._factory(
+            self.address,
+            run=run,
+            role=self.role,
+            rank=args.process_index,
+            world_size=args.world_size,
+            expected_roles={**self.expected_roles, self.role: args.world_size},
+            config=self.producer_config,
+        )
+        if state.is_world_process_zero:
+            self._stream = DriverStream(self._producer, worker_side=self.worker_side)
+            if self.config_dir is not None:
+                model = kwargs.get("model")
+                model_config = getattr(model, "config", None)
+                config = {
+                    "training_args": args.to_dict(),
+                    "model": model_config.to_dict() if model_config is not None else None,
+                }
+                directory = self.config_dir.replace("{run}", run)
+                self.config_path = save_run_config(directory, config, "config_dir").resolve()
+                log.info("rlpulse: configuration of run %r saved to %s", run, self.config_path)
+
+    def on_step_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        # Step k's logs, evaluation and saving are over when step k + 1 begins.
+        if self._producer is not None:
+            self._producer.step_done(state.global_step)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if self._stream is not None and logs:
+            self._stream.log(logs, state.global_step)
+
+    def on_train_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close()
+            stats = producer.stats()
+            lost = stats["unacked"] + stats["dropped_send"]
+            if lost:
+                log.warning("rlpulse: %d messages not acknowledged at the end of training", lost)

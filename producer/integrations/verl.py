@@ -1,0 +1,288 @@
+"""verl: an ``rlpulse`` backend for verl's ``Tracking``, and producers for verl's workers.
+
+verl picks its trackers with ``trainer.logger=[...]`` and builds them in
+``verl.utils.tracking.Tracking``, a fixed if-chain with no registry or entry point. So
+:func:`register` extends that class in place, in the process that builds it: ``"rlpulse"``
+joins ``Tracking.supported_backend``, ``Tracking.__init__`` adds an :class:`RlpulseBackend`
+when the backend is named, and ``Tracking.finish`` (also what verl's ``__del__`` calls) closes
+it after verl's own backends. Call it once per process, before ``Tracking`` is built; on Ray
+(verl's PPO driver runs in a ``TaskRunner`` actor) let Ray call it in every worker process:
+
+    python -m verl.trainer.main_ppo ... trainer.logger='[console,rlpulse]' \\
+        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=producer.integrations.verl.register
+
+Every metric verl's driver logs then reaches the collector as the *driver's value*
+(:mod:`producer.integrations.driver`): one producer (role ``driver``, rank 0 of 1), one sample
+per name and step, never merged again. Settings come from the optional ``trainer.rlpulse``
+section of verl's config (:class:`VerlSettings`); the run is ``trainer.experiment_name``.
+
+Metrics that verl reduces approximately (a mean over data-parallel ranks of each rank's
+micro-batch means) become exact when each worker logs its own part: :func:`worker_producer`
+gives a verl worker its producer, and ``trainer.rlpulse.worker_side`` names those metrics so
+the driver leaves its approximation out.
+
+>>> from producer.integrations import verl as rlpulse_verl
+>>> # rlpulse_verl.register(); Tracking("proj", "run-1", ["console", "rlpulse"], config=cfg)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from producer.client import Producer
+from producer.config import ProducerConfig
+from producer.integrations.driver import DriverStream, save_run_config
+from schemas.errors import ConfigError
+
+log = logging.getLogger("rlpulse.integrations.verl")
+
+BACKEND = "rlpulse"
+"""The name to put in ``trainer.logger``."""
+SECTION = "trainer.rlpulse"
+"""Where verl's config holds this backend's settings."""
+RUN_VAR = "RLPULSE_RUN"
+"""The run name a worker's producer logs under (set it to ``trainer.experiment_name``)."""
+_MARK = "_rlpulse_originals"
+
+
+@dataclass(frozen=True)
+class VerlSettings:
+    """The ``trainer.rlpulse`` section of verl's config; every key is optional.
+
+    * ``address``: the collector (default: ``RLPULSE_ADDRESS``, then ``tcp://127.0.0.1:5555``).
+    * ``run``: the run name (default: ``trainer.experiment_name``).
+    * ``role``: the driver's role (default ``driver``).
+    * ``expected_roles``: role -> world size of the roles whose workers log too
+      (``{actor_train: 8}``); the collector then waits for them at every step.
+    * ``worker_side``: metrics the workers log exactly; the driver leaves its own value of
+      them out (a catalog family such as ``critic/advantages`` covers its ``/mean``, ``/max``,
+      ``/min``).
+    * ``config_dir``: where verl's resolved config is saved as ``config.yaml``, with ``{run}``
+      filled in (default ``runs/{run}``, relative to the driver's working directory; null: not
+      saved).
+    * ``producer``: :class:`~producer.config.ProducerConfig` fields (``{close_timeout_s: 5}``).
+
+    >>> VerlSettings.from_config({"trainer": {"rlpulse": {"role": "ppo_driver"}}}, "exp").run
+    'exp'
+    """
+
+    run: str
+    address: str | None = None
+    role: str = "driver"
+    expected_roles: Mapping[str, int] = field(default_factory=dict)
+    worker_side: tuple[str, ...] = ()
+    config_dir: str | None = "runs/{run}"
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None, experiment_name: str) -> VerlSettings:
+        """Read and check ``trainer.rlpulse``; ConfigError naming the field if it is wrong."""
+        trainer = (config or {}).get("trainer") or {}
+        section = trainer.get("rlpulse") if isinstance(trainer, Mapping) else None
+        section = {} if section is None else section
+        if not isinstance(section, Mapping):
+            raise ConfigError(SECTION, "must be a mapping of settings", section)
+        known = {f.name for f in fields(cls)}
+        for key in section:
+            if key not in known:
+                raise ConfigError(
+                    f"{SECTION}.{key}", f"unknown setting; expected one of {sorted(known)}"
+                )
+        run = section.get("run", experiment_name)
+        for key in ("run", "role"):
+            value = run if key == "run" else section.get(key, "driver")
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{SECTION}.{key}", "must be a non-empty string", value)
+        address = section.get("address")
+        if address is not None and (not isinstance(address, str) or not address):
+            raise ConfigError(f"{SECTION}.address", "must be a collector address", address)
+        expected = section.get("expected_roles") or {}
+        if not isinstance(expected, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            for k, v in expected.items()
+        ):
+            raise ConfigError(
+                f"{SECTION}.expected_roles", "must map role names to world sizes >= 1", expected
+            )
+        worker_side = section.get("worker_side") or ()
+        if isinstance(worker_side, str) or not all(isinstance(n, str) for n in worker_side):
+            raise ConfigError(
+                f"{SECTION}.worker_side", "must be a list of metric names", worker_side
+            )
+        config_dir = section.get("config_dir", cls.config_dir)
+        if config_dir is not None and not isinstance(config_dir, str):
+            raise ConfigError(f"{SECTION}.config_dir", "must be a path or null", config_dir)
+        producer = section.get("producer") or {}
+        try:
+            producer_config = ProducerConfig(**dict(producer))
+        except ConfigError as exc:
+            raise ConfigError(f"{SECTION}.producer.{exc.field}", exc.problem, exc.value) from None
+        except TypeError as exc:  # an unknown field
+            raise ConfigError(f"{SECTION}.producer", str(exc), dict(producer)) from None
+        return cls(
+            run=run,
+            address=address,
+            role=section.get("role", "driver"),
+            expected_roles=dict(expected),
+            worker_side=tuple(worker_side),
+            config_dir=config_dir,
+            producer=producer_config,
+        )
+
+
+class RlpulseBackend:
+    """verl's ``rlpulse`` tracking backend: the driver's metrics, as the driver's values.
+
+    Built by ``Tracking`` (after :func:`register`) with verl's project, experiment and
+    config; ``log()`` hands verl's dict to a :class:`DriverStream` (never blocks, never
+    raises), ``finish()`` sends what is left and closes the producer (safe to call twice).
+    Bad settings raise ConfigError here, when verl starts, naming the field.
+
+    >>> # backend = RlpulseBackend("proj", "run-1", {"trainer": {"rlpulse": {...}}})
+    >>> # backend.log({"critic/score/mean": 0.4}, step=1); backend.finish()
+    """
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        config: Mapping[str, Any] | None,
+        *,
+        producer_factory: Callable[..., Producer] = Producer,
+    ) -> None:
+        settings = VerlSettings.from_config(config, experiment_name)
+        self.settings = settings
+        self.config_path: Path | None = None
+        if settings.config_dir is not None:
+            directory = settings.config_dir.replace("{run}", settings.run)
+            self.config_path = save_run_config(
+                directory, dict(config or {}), f"{SECTION}.config_dir"
+            ).resolve()
+            log.info("rlpulse: verl config of run %r saved to %s", settings.run, self.config_path)
+        self.producer = producer_factory(
+            settings.address,
+            run=settings.run,
+            role=settings.role,
+            rank=0,
+            world_size=1,
+            expected_roles={**settings.expected_roles, settings.role: 1},
+            config=settings.producer,
+        )
+        self.stream = DriverStream(self.producer, worker_side=settings.worker_side)
+        self.project_name = project_name
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """verl's ``Tracking.log`` calls this with every metric of a step."""
+        self.stream.log(data, step)
+
+    def finish(self) -> None:
+        """Send what is queued, wait for the collector's acknowledgement (at most
+        ``producer.close_timeout_s``) and close. A step is emitted when the next one starts or
+        here, when the driver says it is done."""
+        self.producer.close()
+        stats = self.producer.stats()
+        lost = stats["unacked"] + stats["dropped_send"]
+        if lost:
+            log.warning("rlpulse: %d messages of run %r not acknowledged", lost, self.settings.run)
+
+    def stats(self) -> dict[str, int]:
+        """The driver stream's counts and the producer's."""
+        return {**self.stream.stats(), **self.producer.stats()}
+
+
+def register() -> None:
+    """Make ``"rlpulse"`` a backend of verl's ``Tracking`` in this process (idempotent).
+
+    Also usable as Ray's ``worker_process_setup_hook``
+    (``producer.integrations.verl.register``), so verl's ``TaskRunner`` actor has it.
+    """
+    from verl.utils.tracking import Tracking
+
+    if _MARK in vars(Tracking):
+        return
+    original_init, original_finish = Tracking.__init__, Tracking.finish
+
+    # verl's own signature, so Tracking's callers see no difference.
+    def __init__(
+        self: Any,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | list[str] = "console",
+        config: Any = None,
+    ) -> None:
+        original_init(self, project_name, experiment_name, default_backend, config)
+        named = [default_backend] if isinstance(default_backend, str) else default_backend
+        if BACKEND in named:
+            self.logger[BACKEND] = RlpulseBackend(project_name, experiment_name, config)
+
+    # *args, **kwargs: whatever verl's finish takes (exit_code today) passes through unchanged.
+    def finish(self: Any, *args: Any, **kwargs: Any) -> None:
+        first = not getattr(self, "_finished", False)
+        try:
+            original_finish(self, *args, **kwargs)
+        finally:
+            backend = getattr(self, "logger", {}).get(BACKEND)
+            if first and backend is not None:
+                backend.finish()
+
+    setattr(Tracking, _MARK, (original_init, original_finish))
+    Tracking.supported_backend = [*Tracking.supported_backend, BACKEND]
+    Tracking.__init__ = __init__  # type: ignore[method-assign]
+    Tracking.finish = finish  # type: ignore[method-assign]
+
+
+def unregister() -> None:
+    """Undo :func:`register` (tests; a process that wants verl's class as shipped)."""
+    from verl.utils.tracking import Tracking
+
+    originals = vars(Tracking).get(_MARK)
+    if originals is None:
+        return
+    Tracking.__init__, Tracking.finish = originals  # type: ignore[method-assign]
+    Tracking.supported_backend = [b for b in Tracking.supported_backend if b != BACKEND]
+    delattr(Tracking, _MARK)
+
+
+_WORKER_PRODUCERS: dict[tuple[str, str, int, int], Producer] = {}
+"""This process's worker producers by (role, run, rank, world size)."""
+
+
+def worker_producer(
+    role: str,
+    *,
+    reductions: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] = os.environ,
+    producer_factory: Callable[..., Producer] = Producer,
+) -> Producer:
+    """This verl worker's producer for ``role``: made at the first call, the same one after,
+    so a loss function may ask for it at every micro-batch (it closes when the process exits).
+
+    Rank and world size are the worker's own, from the ``RANK`` and ``WORLD_SIZE`` that verl's
+    worker group sets for every worker; the run from ``RLPULSE_RUN`` and the collector from
+    ``RLPULSE_ADDRESS`` (pass both through ``ray_kwargs.ray_init.runtime_env.env_vars``).
+    ``reductions`` declares names outside the catalog (``{"actor/pg_clipfrac": "fraction"}``).
+
+    >>> # p = worker_producer("actor_train", reductions={"actor/pg_clipfrac": "fraction"})
+    >>> # p.log({"actor/pg_clipfrac": Fraction(clipped, tokens)}, step=global_steps)
+    """
+    run = environ.get(RUN_VAR)
+    if not run:
+        raise ConfigError(RUN_VAR, "must name the run (the driver's trainer.experiment_name)")
+    try:
+        rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(
+            "RANK/WORLD_SIZE", "not set: call worker_producer() inside a verl worker", str(exc)
+        ) from None
+    key = (role, run, rank, world_size)
+    producer = _WORKER_PRODUCERS.get(key)
+    if producer is None:
+        producer = _WORKER_PRODUCERS[key] = producer_factory(
+            None, run=run, role=role, rank=rank, world_size=world_size, reductions=reductions
+        )
+    return producer
