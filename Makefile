@@ -6,8 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlpulse-installed
 EXTRAS := trainer,trackers,report,dev,serve
+# verl and TRL (tests/integrations) live in an environment of their own: verl 0.9.1 pins
+# transformers<5.11, older than the trainer's, so they cannot share .venv.
+IVENV := .venv-integrations
+IPY := $(IVENV)/bin/python
+ISTAMP := $(IVENV)/.rlpulse-installed
 
-.PHONY: install demo demo-synthetic test test-slow lint bench clean
+.PHONY: install install-integrations demo demo-synthetic test test-slow lint bench clean
 
 # torch goes first and pinned, so nothing later resolves it to a CUDA build.
 $(STAMP): pyproject.toml
@@ -18,6 +23,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The same order: torch 2.13.0 (CPU) first, then verl and TRL and their pins around it.
+$(ISTAMP): pyproject.toml
+	test -x $(IPY) || $(PYTHON) -m venv $(IVENV)
+	$(IPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(IPY) -m pip install --quiet --disable-pip-version-check -e '.[integrations,dev]'
+	touch $(ISTAMP)
+
+install-integrations: $(ISTAMP)
+
 # The main job: a collector and a PPO run on Ray (a few minutes on 2 CPU cores).
 demo: install
 	scripts/in-netns.sh $(PY) scripts/demo.py
@@ -26,7 +40,7 @@ demo: install
 demo-synthetic: install
 	$(PY) scripts/demo_synthetic.py
 
-test: install
+test: install install-integrations
 	bash scripts/install-system-deps.sh
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
@@ -42,4 +56,4 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) runs out .pytest_cache
+	rm -rf $(VENV) $(IVENV) runs out .pytest_cache
