@@ -62,9 +62,9 @@ def _sender(
     sock.setsockopt(zmq.LINGER, 5000)
     sock.connect(address)
     sims = [wire.SimRank(pid, rank) for pid, rank in ranks]
-    shape = wire.Shape(wire.metric_names(n_metrics))
+    shape = wire.Shape(wire.metric_names(n_metrics))  # before the hellos: they declare its table
     for sim in sims:
-        sock.send(sim.hello(run, ROLE, world_size))
+        sock.send(sim.hello(run, ROLE, world_size, shape))
     ready.set()
     go.wait()
     send = sock.send
@@ -75,8 +75,7 @@ def _sender(
         if step == 0:
             first_send.value = t
         for sim in sims:
-            send(sim.metrics(shape, step, t))
-            send(sim.done(step))
+            send(sim.metrics(shape, step, t))  # the step's done is folded in
     # Close only once everything is through: a closing socket's linger would drop the tail.
     deadline = time.monotonic() + 300
     while progress.value < steps and time.monotonic() < deadline:
@@ -87,7 +86,9 @@ def _sender(
     ctx.term()
 
 
-def _floor(ready_file: str, expect: int, per_step: int, progress: Any, out: Any) -> None:
+def _floor(
+    ready_file: str, expect: int, hellos: int, per_step: int, progress: Any, out: Any
+) -> None:
     """The floor: bind a PULL socket, msgpack-decode every message, nothing else.
 
     ``out`` receives (end wall time, CPU seconds from the first message after the hellos to
@@ -98,7 +99,6 @@ def _floor(ready_file: str, expect: int, per_step: int, progress: Any, out: Any)
     sock.bind("tcp://127.0.0.1:*")
     Path(ready_file).write_text(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     recv, unpackb = sock.recv, msgpack.unpackb
-    hellos = expect - (expect // per_step) * per_step  # registrations come first
     cpu0 = 0.0
     steps_seen = 0
     for count in range(1, expect + 1):
@@ -190,9 +190,9 @@ def run_floor(ranks: int, metrics: int, steps: int) -> dict[str, Any]:
     ready = Path(mkdtemp(prefix="rlpulse-floor-")) / "ready"
     progress = SPAWN.RawValue("q", 0)
     out = SPAWN.RawArray("d", 3)
-    per_step = 2 * ranks  # metrics + done per rank per step (hellos first, byes after)
-    expect = ranks + per_step * steps
-    proc = SPAWN.Process(target=_floor, args=(str(ready), expect, per_step, progress, out))
+    per_step = ranks  # one metrics message per rank per step (hellos first, byes after)
+    expect = ranks + per_step * steps  # registrations come first
+    proc = SPAWN.Process(target=_floor, args=(str(ready), expect, ranks, per_step, progress, out))
     proc.start()
     while not ready.exists() or not ready.read_text():
         time.sleep(0.01)

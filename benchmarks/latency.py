@@ -79,13 +79,12 @@ def measure(ranks: int, steps: int, warmup: int, with_prometheus: bool) -> dict[
     tail = JsonlTail(out)
     try:
         for sim in sims:
-            sock.send(sim.hello(run, ROLE, ranks))
+            sock.send(sim.hello(run, ROLE, ranks, shape))
         time.sleep(0.5)
         for step in range(steps):
             t = time.time()
             for sim in sims:
-                sock.send(sim.metrics(shape, step, t))
-                sock.send(sim.done(step))
+                sock.send(sim.metrics(shape, step, t))  # the step's done is folded in
             data = {name: float(step + i) for i, name in enumerate(names)}
             t0 = time.perf_counter()
             producer.log(data, step=step)

@@ -2,11 +2,11 @@
 
 Thousands of ranks cannot be thousands of processes on a 2-core machine, so a few sender
 processes each speak for many producer ids. The collector cannot tell: every message is the
-byte-for-byte encoding ``schemas.protocol`` gives (checked by :func:`self_check`), one
-``metrics`` message per rank per step and one ``done`` after it, as the trainer's workers send
-(``log()`` then ``step_done()``).
+byte-for-byte encoding ``schemas.protocol`` gives (checked by :func:`self_check`): a hello
+declaring the rank's name table, then one ``metrics`` message per rank per step with the
+``done`` folded in, as a producer sends ``log()`` followed by ``step_done()``.
 
-A metrics message is assembled from pre-packed pieces (the name list is packed once per
+A metrics message is assembled from pre-packed pieces (the values blob is packed once per
 shape), so a simulated rank costs far less CPU than the collector spends on its message and
 the sender never is the bottleneck being measured.
 """
@@ -17,9 +17,10 @@ import array
 import random
 import struct
 
-import msgpack
+import msgspec
 
 from schemas import protocol
+from schemas.messages import TableDecl
 
 MEAN_CODE = 1  # Reduction.MEAN: what names outside the catalog merge by
 
@@ -31,7 +32,7 @@ def metric_names(n: int, prefix: str = "bench") -> list[str]:
 
 
 class Shape:
-    """The constant parts of one rank's metrics message: names, kinds and values blob."""
+    """The constant parts of one rank's metrics message: its name table and values blob."""
 
     def __init__(self, names: list[str], seed: int = 0) -> None:
         self.names = names
@@ -42,34 +43,28 @@ class Shape:
             vals.extend((x, 1.0, x, x))
         self.kinds = bytes([MEAN_CODE]) * len(names)
         self.values = vals.tobytes()  # little-endian on every machine this runs on
-        self._tail = (
-            msgpack.packb(names, use_bin_type=True)
-            + msgpack.packb(self.kinds, use_bin_type=True)
-            + msgpack.packb(self.values, use_bin_type=True)
-            + b"\x80"  # empty nonfinite map
-        )
-        self._env = msgpack.packb("v") + msgpack.packb(protocol.VERSION) + msgpack.packb("t")
-        self._env += msgpack.packb(protocol.METRICS) + msgpack.packb("p")
+        self.table = TableDecl(0, list(names), self.kinds)
+        self._tail = b"\x00" + msgspec.msgpack.encode(self.values) + b"\x80"  # table 0, {}
 
     def metrics(self, producer: int, seq: int, step: int, t: float) -> bytes:
-        """Exactly ``protocol.encode_metrics(producer, seq, [pack_entry(step, t, ...)])``."""
+        """Exactly ``protocol.encode_metrics(producer, seq, [pack_entry(step, t, 0, ...)],
+        done=step)``."""
         return b"".join(
             (
-                b"\x85",
-                self._env,
+                b"\x95\x16",
                 _pack_int(producer),
-                b"\xa1q",
                 _pack_int(seq),
-                b"\xa1e\x91\x96",
+                b"\x91\x95",
                 _pack_int(step),
                 b"\xcb" + struct.pack(">d", t),
                 self._tail,
+                _pack_int(step),
             )
         )
 
 
 def _pack_int(x: int) -> bytes:
-    return msgpack.packb(x)
+    return msgspec.msgpack.encode(x)
 
 
 class SimRank:
@@ -87,7 +82,7 @@ class SimRank:
         self.seq += 1
         return s
 
-    def hello(self, run: str, role: str, world_size: int) -> bytes:
+    def hello(self, run: str, role: str, world_size: int, shape: Shape) -> bytes:
         """Registration; its ``seq`` is the next data sequence number (nothing unacknowledged),
         as the producer sends it: hellos and heartbeats do not consume sequence numbers."""
         return protocol.encode_hello(
@@ -99,13 +94,11 @@ class SimRank:
             world_size=world_size,
             host="sim",
             pid=self.rank,
+            tables=[shape.table],
         )
 
     def metrics(self, shape: Shape, step: int, t: float) -> bytes:
         return shape.metrics(self.producer, self.next_seq(), step, t)
-
-    def done(self, step: int) -> bytes:
-        return protocol.encode_done(self.producer, self.next_seq(), step)
 
     def bye(self) -> bytes:
         return protocol.encode_bye(self.producer, self.next_seq(), {})
@@ -121,9 +114,7 @@ def self_check() -> None:
     shape = Shape(metric_names(7))
     for producer, seq, step, t in ((1, 0, 0, 0.5), (2**62 + 3, 70_000, 123_456, 1.7e9 + 0.25)):
         want = protocol.encode_metrics(
-            producer,
-            seq,
-            [protocol.pack_entry(step, t, shape.names, shape.kinds, shape.values, {})],
+            producer, seq, [protocol.pack_entry(step, t, 0, shape.values, {})], done=step
         )
         got = shape.metrics(producer, seq, step, t)
         if got != want:

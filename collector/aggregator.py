@@ -82,16 +82,20 @@ class Aggregator:
     ) -> None:
         """Apply one decoded message. ``position`` is where it starts in the write-ahead log;
         with ``replay`` (recovery), data for steps already emitted is skipped silently."""
-        if isinstance(msg, protocol.Hello):
-            self._run(self.membership.register(msg, now).run)
+        kind = type(msg)
+        if kind is protocol.Hello:
+            self._run(self.membership.register(msg, now).run)  # type: ignore[arg-type]
             return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
             return
-        if isinstance(msg, protocol.Metrics):
+        if kind is protocol.Metrics:
             run = self._run(prod.run)
-            for entry in msg.entries:
-                self._entry(run, prod, entry, now, position, replay)
+            bit = self.membership.runs[prod.run].role_bits[prod.role]
+            for entry in msg.entries:  # type: ignore[union-attr]
+                self._entry(run, prod, bit, entry, now, position, replay)
+            if msg.done >= 0:  # type: ignore[union-attr]
+                self._advance(prod, msg.done, now)  # type: ignore[union-attr]
         elif isinstance(msg, protocol.Done):
             self._advance(prod, msg.step, now)
         elif isinstance(msg, protocol.Heartbeat):
@@ -104,14 +108,26 @@ class Aggregator:
         self,
         run: RunSteps,
         prod: ProducerInfo,
-        entry: protocol.Entry,
+        role_bit: int,
+        entry: tuple,
         now: float,
         position: object,
         replay: bool,
     ) -> None:
         if not replay:
             self.health.events_received += 1
-        step = entry.step
+        step, t, table, values, nonfinite = entry
+        if type(table) is int:  # version 2: a table of the producer's hello
+            found = prod.tables.get(table)
+            if found is None:
+                self.health.reject("bad_table")
+                self._ratelog.warn(
+                    f"table:{prod.pid}",
+                    f"{prod.role}/{prod.rank} refers to name table {table}, which its hello did "
+                    "not declare; entry dropped",
+                )
+                return
+            table = found
         state = run.steps.get(step)
         if state is None:
             if step <= run.last_emitted:
@@ -127,9 +143,9 @@ class Aggregator:
                 return
             finished = self.membership.finished_slots(run.name, step)
             state = run.open(step, now, finished, position)
-        members = self.membership.runs[run.name]
-        run.merge(state, entry, members.role_bits[prod.role], prod.pid)
-        self._advance(prod, step - 1, now)
+        run.add(state, table, values, role_bit, prod.pid, t, nonfinite)
+        if step - 1 > prod.watermark:
+            self._advance(prod, step - 1, now)
 
     def _advance(self, prod: ProducerInfo, watermark: int, now: float) -> None:
         """Record that ``prod`` has finished every step up to ``watermark``."""
@@ -147,6 +163,7 @@ class Aggregator:
         for name, run in list(self.steps.items()):
             if not run.steps:
                 continue
+            run.merge_pending()
             members = self.membership.runs[name]
             due = run.due(
                 members,
@@ -162,6 +179,7 @@ class Aggregator:
     def flush(self) -> None:
         """Emit every open step now (shutdown): complete ones as usual, the rest partial."""
         for name, run in list(self.steps.items()):
+            run.merge_pending()
             expected = self.membership.runs[name].expected()
             for step in sorted(run.steps):
                 state = run.steps[step]

@@ -68,9 +68,7 @@ def write_json_atomic(path: Path, obj: object) -> None:
 
 
 def encode_record(seq: int, record: StepRecord) -> bytes:
-    return json.dumps(
-        {"seq": seq, "emitted_at": time.time(), "record": record.to_json()}, allow_nan=False
-    ).encode()
+    return record.encode(seq=seq, emitted_at=time.time())
 
 
 def decode_record(payload: bytes) -> tuple[int, float, StepRecord]:

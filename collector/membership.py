@@ -16,12 +16,13 @@ within ``liveness_s`` of the run's first registration.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from collector.health import Health
 from collector.ratelog import RateLimitedLog
 from schemas import protocol
+from schemas.messages import Table, TableDecl
 
 log = logging.getLogger("rlpulse.collector")
 FINISHED = 1 << 62
@@ -44,6 +45,15 @@ class ProducerInfo:
     watermark: int = -1
     """Highest step this producer has finished."""
     stats: Mapping[str, int] = field(default_factory=dict)
+    tables: dict[int, Table] = field(default_factory=dict)
+    """The name tables its (version-2) entries refer to by number."""
+
+    def declare(self, decls: Iterable[TableDecl]) -> None:
+        """Take the tables of a hello (validated by the decoder)."""
+        for decl in decls:
+            known = self.tables.get(decl.id)
+            if known is None or known.names != tuple(decl.names) or known.kinds != decl.kinds:
+                self.tables[decl.id] = Table.shared(tuple(decl.names), decl.kinds)
 
     @property
     def slot(self) -> Slot:
@@ -105,6 +115,7 @@ class Membership:
         prod = self.producers.get(msg.producer)
         if prod is not None:
             prod.last_seen = now
+            prod.declare(msg.tables)
             return prod
         run = self.runs.get(msg.run)
         if run is None:
@@ -123,6 +134,7 @@ class Membership:
         prod = ProducerInfo(
             msg.producer, msg.run, msg.role, msg.rank, msg.world_size, msg.host, now
         )
+        prod.declare(msg.tables)
         self.producers[msg.producer] = prod
         previous = run.slots.get(prod.slot)
         run.slots[prod.slot] = prod.pid
@@ -191,6 +203,11 @@ class Membership:
                 str(p.pid): [p.run, p.role, p.rank, p.world_size, p.host, p.watermark]
                 for p in self.producers.values()
             },
+            "tables": {
+                str(p.pid): [[i, list(t.names), list(t.kinds)] for i, t in p.tables.items()]
+                for p in self.producers.values()
+                if p.tables
+            },
             "runs": {
                 name: {
                     "roles": run.roles,
@@ -206,6 +223,10 @@ class Membership:
         for pid, (run, role, rank, ws, host, watermark) in snapshot.get("producers", {}).items():
             self.producers[int(pid)] = ProducerInfo(
                 int(pid), run, role, rank, ws, host, now, watermark
+            )
+        for pid, tables in snapshot.get("tables", {}).items():
+            self.producers[int(pid)].declare(
+                TableDecl(i, names, bytes(kinds)) for i, names, kinds in tables
             )
         for name, data in snapshot.get("runs", {}).items():
             run = self.runs[name] = Members(now)

@@ -26,6 +26,7 @@ from schemas.errors import ConfigError, SchemaError
 
 log = logging.getLogger("rlpulse.collector")
 RCVHWM = 100_000
+_NOBLOCK = int(zmq.NOBLOCK)
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -121,20 +122,26 @@ class Receiver:
     def receive(self, budget: int) -> Iterator[tuple[bytes, protocol.Message, bytes]]:
         """Up to ``budget`` waiting messages, without blocking: ``(identity, message, raw)``
         of each valid one (the rest are counted by reason)."""
-        sock, health = self.socket, self.health
+        recv, health = self.socket.recv, self.health
         for _ in range(budget):
+            # The identity, then the message as a frame (its ``more`` flag is cheaper to read
+            # than recv_multipart's getsockopt per frame: a third of the per-message cost).
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                identity = recv(_NOBLOCK)
             except zmq.Again:
                 return
+            frame = recv(_NOBLOCK, copy=False)
             health.messages_received += 1
-            if len(frames) != 2:
+            if frame.more:
+                extra = 1
+                while recv(_NOBLOCK, copy=False).more:
+                    extra += 1
                 health.reject("bad_frames")
                 self._ratelog.warn(
-                    "bad_frames", f"rejected a message of {len(frames) - 1} frames (expected 1)"
+                    "bad_frames", f"rejected a message of {extra + 1} frames (expected 1)"
                 )
                 continue
-            identity, raw = frames
+            raw = frame.bytes
             try:
                 msg = protocol.decode(raw, self.limits)
             except SchemaError as exc:

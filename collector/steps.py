@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,14 +26,24 @@ import numpy as np
 from collector.health import Health
 from collector.membership import Members, Slot
 from collector.ratelog import RateLimitedLog
-from schemas import protocol
 from schemas.catalog import Catalog, Resolved
+from schemas.messages import Table
 from schemas.reductions import Reduction
-from schemas.values import empty_rows, merge_rows, read_row
+from schemas.values import (
+    MAX,
+    MIN,
+    SUM,
+    WEIGHT,
+    WIDTH,
+    empty_rows,
+    invalid_rows,
+    merge_rows,
+    read_row,
+)
 
 log = logging.getLogger("rlpulse.collector")
 MAX_LAYOUTS = 4096
-"""Entry shapes (names + kinds) cached per run."""
+"""Name tables whose row mapping is cached per run."""
 
 
 @dataclass
@@ -70,7 +80,7 @@ class StepState:
 
 @dataclass
 class _Layout:
-    """Cached translation of one entry shape (names + kinds) to row indices of a run."""
+    """Cached translation of one name table to row indices of a run."""
 
     idx: np.ndarray | slice
     """Row indices; a slice when they are consecutive (the usual case: a producer's names
@@ -78,6 +88,23 @@ class _Layout:
     keep: np.ndarray | None
     last: np.ndarray
     touches_last: bool
+    size: int
+    """Names in the table (rows in each entry's values)."""
+    last_all: np.ndarray
+    """``LAST`` metrics among all the table's rows (``last`` is over the kept ones)."""
+
+
+class _Group:
+    """Entries waiting to be merged into one step, all with the same layout: merged together,
+    in one pass of array operations, when the step is next looked at."""
+
+    __slots__ = ("blobs", "layout", "roles", "state")
+
+    def __init__(self, state: StepState, layout: _Layout) -> None:
+        self.state = state
+        self.layout = layout
+        self.blobs: list[bytes] = []
+        self.roles = 0
 
 
 class RunSteps:
@@ -94,6 +121,7 @@ class RunSteps:
         self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
         self.steps: dict[int, StepState] = {}
         self.last_emitted = -1
+        self._pending: dict[tuple[int, int], _Group] = {}
         self._ratelog = RateLimitedLog(log)
 
     # ------------------------------------------------------------------ names
@@ -131,22 +159,27 @@ class RunSteps:
             )
         return j
 
-    def layout(self, entry: protocol.Entry) -> _Layout:
-        key = (entry.names, entry.kinds)
-        layout = self.layouts.get(key)
+    def layout(self, table: Table) -> _Layout:
+        layout = self.layouts.get(table)
         if layout is not None:
             return layout
         rows = [
-            self._row_of(name, kind) for name, kind in zip(entry.names, entry.kinds, strict=True)
+            self._row_of(name, kind) for name, kind in zip(table.names, table.kinds, strict=True)
         ]
         keep = np.array([j is not None for j in rows], dtype=bool)
         idx = np.array([j for j in rows if j is not None], dtype=np.int64)
         last = np.array([self.resolved[j].reduction is Reduction.LAST for j in idx], dtype=bool)
         consecutive = len(idx) > 0 and bool((np.diff(idx) == 1).all())
         where: np.ndarray | slice = slice(int(idx[0]), int(idx[-1]) + 1) if consecutive else idx
-        layout = _Layout(where, None if keep.all() else keep, last, bool(last.any()))
+        last_all = np.array(
+            [j is not None and self.resolved[j].reduction is Reduction.LAST for j in rows],
+            dtype=bool,
+        )
+        layout = _Layout(
+            where, None if keep.all() else keep, last, bool(last.any()), table.size, last_all
+        )
         if len(self.layouts) < MAX_LAYOUTS:
-            self.layouts[key] = layout
+            self.layouts[table] = layout
         return layout
 
     # ------------------------------------------------------------------ steps
@@ -162,25 +195,95 @@ class RunSteps:
         self.steps[step] = state
         return state
 
-    def merge(self, state: StepState, entry: protocol.Entry, role_bit: int, pid: int) -> None:
-        layout = self.layout(entry)
-        rows = entry.values if layout.keep is None else entry.values[layout.keep]
-        if len(rows):
-            state.grow(len(self.names))
-            merge_rows(state.rows, layout.idx, rows, layout.last if layout.touches_last else None)
-            state.touched[layout.idx] = True
-            state.roles[layout.idx] |= 1 << role_bit
-        for name, count in entry.nonfinite.items():
-            state.nonfinite[name] += count
+    def add(
+        self,
+        state: StepState,
+        table: Table,
+        values: bytes,
+        role_bit: int,
+        pid: int,
+        t: float,
+        nonfinite: Mapping[str, int],
+    ) -> None:
+        """One entry for ``state``: its values wait to be merged with the others of the same
+        step and table (:meth:`merge_pending`); the rest is noted now."""
+        if len(values) != table.nbytes:
+            self.health.reject("bad_values")
+            self._ratelog.warn(
+                "values-size",
+                f"rejected an entry of {len(values)} bytes of values for {table.size} names",
+            )
+            return
+        layout = self.layout(table)
+        key = (state.step, id(layout))
+        group = self._pending.get(key)
+        if group is None:
+            group = self._pending[key] = _Group(state, layout)
+        group.blobs.append(values)
+        group.roles |= 1 << role_bit
+        if nonfinite:
+            state.nonfinite.update(nonfinite)
         state.contributors.add(pid)
-        state.t_first = min(state.t_first, entry.time)
-        state.t_last = max(state.t_last, entry.time)
+        if t < state.t_first:
+            state.t_first = t
+        if t > state.t_last:
+            state.t_last = t
+
+    def merge_pending(self) -> None:
+        """Merge every waiting entry into its step: per (step, table), the entries' rows are
+        checked and reduced together (sum, weight, min, max over the entries; the last one
+        for ``LAST`` metrics), then merged once."""
+        pending, self._pending = self._pending, {}
+        for group in pending.values():
+            self._merge_group(group)
+
+    def _merge_group(self, group: _Group) -> None:
+        layout, state = group.layout, group.state
+        k = len(group.blobs)
+        blob = group.blobs[0] if k == 1 else b"".join(group.blobs)
+        rows = np.frombuffer(blob, dtype="<f8").reshape(k, layout.size, WIDTH)
+        if invalid_rows(rows) is not None:
+            good = [i for i in range(k) if invalid_rows(rows[i]) is None]
+            for _ in range(k - len(good)):
+                self.health.reject("bad_values")
+            self._ratelog.warn(
+                "bad-values", f"rejected {k - len(good)} entries with impossible values"
+            )
+            if not good:
+                return
+            rows = rows[good]
+            k = len(good)
+        if k == 1:
+            merged = rows[0]
+        else:
+            merged = np.empty((layout.size, WIDTH))
+            rows[:, :, SUM].sum(axis=0, out=merged[:, SUM])
+            rows[:, :, WEIGHT].sum(axis=0, out=merged[:, WEIGHT])
+            np.fmin.reduce(rows[:, :, MIN], axis=0, out=merged[:, MIN])
+            np.fmax.reduce(rows[:, :, MAX], axis=0, out=merged[:, MAX])
+            if layout.touches_last:  # the latest entry's value, not a sum over entries
+                merged[:, SUM] = np.where(layout.last_all, rows[-1, :, SUM], merged[:, SUM])
+        if layout.keep is not None:
+            merged = merged[layout.keep]
+        if not len(merged):
+            return
+        state.grow(len(self.names))
+        merge_rows(state.rows, layout.idx, merged, layout.last if layout.touches_last else None)
+        state.touched[layout.idx] = True
+        state.roles[layout.idx] |= group.roles
 
     def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
         """``slot`` has finished every step in ``(old, watermark]``."""
-        for step, state in self.steps.items():
-            if old < step <= watermark:
-                state.finish(slot, now)
+        steps = self.steps
+        if watermark - old <= len(steps):
+            for step in range(old + 1, watermark + 1):
+                state = steps.get(step)
+                if state is not None:
+                    state.finish(slot, now)
+        else:
+            for step, state in steps.items():
+                if old < step <= watermark:
+                    state.finish(slot, now)
 
     def due(
         self,
@@ -214,9 +317,14 @@ class RunSteps:
         self.last_emitted = max(self.last_emitted, state.step)
         metrics: dict[str, float] = {}
         roles: dict[str, str] = {}
-        for j in np.flatnonzero(state.touched[: len(self.names)]):
-            row = state.rows[j]
-            owner = members.role_names(int(state.roles[j]))
+        owners: dict[int, str] = {}
+        touched = np.flatnonzero(state.touched[: len(self.names)])
+        # Python numbers, read once: per-element numpy reads cost more than the maths.
+        all_rows, all_bits = state.rows[touched].tolist(), state.roles[touched].tolist()
+        for j, row, bits in zip(touched.tolist(), all_rows, all_bits, strict=True):
+            owner = owners.get(bits)
+            if owner is None:
+                owner = owners[bits] = members.role_names(bits)
             for stat, out in self.resolved[j].outputs.items():
                 value = read_row(row, stat)
                 if value is not None:

@@ -1,9 +1,13 @@
-"""One ``log()`` call's values, reduced, into one wire entry (``schemas.protocol``).
+"""One ``log()`` call's values, reduced, into one wire entry (``schemas.protocol``, version 2).
 
 A value reaching here is a number (one sample), a reduced ``(Summary, nonfinite)`` pair from
 ``producer.reduce``, a GPU value whose state is now known (``producer.deferred``), or
 ``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
 name; a ``LAST`` metric takes exactly one sample.
+
+Names travel once: each distinct list of names an entry carries becomes a numbered table
+(:attr:`Encoder.tables`), declared in the producer's hello, and entries refer to it by number.
+A training loop logs the same names step after step, so a run needs a handful of tables.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from producer.reduce import InvalidValue
 from producer.stats import Counters
 from schemas import protocol
 from schemas.catalog import Catalog
+from schemas.messages import TableDecl
 from schemas.reductions import Reduction
 from schemas.values import Summary
 
@@ -26,6 +31,8 @@ INVALID = object()
 _BIG_ENDIAN = sys.byteorder != "little"
 _NUMBER = (float, int)
 _LAST = int(Reduction.LAST)
+MAX_TABLES = 4096
+"""Distinct name lists one producer may declare; entries needing more are dropped, counted."""
 
 
 class Encoder:
@@ -46,6 +53,11 @@ class Encoder:
         self.counters = counters
         self.warn_once = warn_once
         self._kinds: dict[str, int] = {}
+        self._table_ids: dict[tuple[str, ...], int] = {}
+        self.tables: list[TableDecl] = []
+        """Every table declared so far, in order: what the hello says."""
+        self.new_tables = False
+        """A table was added since the flag was last cleared: say hello before sending."""
 
     def _kind(self, name: str) -> int:
         code = self._kinds.get(name)
@@ -104,6 +116,25 @@ class Encoder:
             kinds.append(code)
         if not names and not nonfinite:
             return None
+        table = self._table(names, kinds)
+        if table is None:
+            return None
         if _BIG_ENDIAN:
             vals.byteswap()
-        return protocol.pack_entry(step, t, names, bytes(kinds), vals.tobytes(), nonfinite)
+        return protocol.pack_entry(step, t, table, vals.tobytes(), nonfinite)
+
+    def _table(self, names: list[str], kinds: bytearray) -> int | None:
+        key = tuple(names)
+        table = self._table_ids.get(key)
+        if table is None:
+            if len(self.tables) >= MAX_TABLES:
+                self.counters.errors += 1
+                self.warn_once(
+                    "tables",
+                    f"{MAX_TABLES} distinct lists of metric names; entries with new ones dropped",
+                )
+                return None
+            table = self._table_ids[key] = len(self.tables)
+            self.tables.append(TableDecl(table, names, bytes(kinds)))
+            self.new_tables = True
+        return table

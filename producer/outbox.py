@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from schemas import protocol
+from schemas.messages import TableDecl
 
 HELLO_RETRY_S = 0.2
 """Until the collector acknowledges our hello, it is sent again this often."""
@@ -175,8 +176,9 @@ class Registration:
             return False
         return self.sent_at is None or now - self.sent_at >= HELLO_RETRY_S
 
-    def hello(self, base: int) -> bytes:
-        """The registration message; ``base`` is the outbox's oldest unacknowledged number."""
+    def hello(self, base: int, tables: Sequence[TableDecl] = ()) -> bytes:
+        """The registration message; ``base`` is the outbox's oldest unacknowledged number,
+        ``tables`` every name table the producer's entries refer to."""
         ident = self.identity
         return protocol.encode_hello(
             self.producer_id,
@@ -186,6 +188,7 @@ class Registration:
             rank=ident.rank,
             world_size=ident.world_size,
             expected=ident.expected,
+            tables=tables,
         )
 
     @property

@@ -39,7 +39,7 @@ POLL_S = 0.1
 """Longest sleep of the sender: acknowledgements and the connection are checked this often."""
 GPU_POLL_S = 0.002
 """How often the sender looks at CUDA events while log() calls wait for their GPU values."""
-COALESCE_S = 0.002
+COALESCE_S = 0.0005
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
 
 
@@ -128,7 +128,8 @@ class Sender(threading.Thread):
         return sent
 
     def _say_hello(self) -> None:
-        if self._send(self.registration.hello(self.outbox.base())):
+        hello = self.registration.hello(self.outbox.base(), self.encoder.tables)
+        if self._send(hello):
             self.registration.sent_at = time.monotonic()
 
     def _register(self) -> None:
@@ -180,7 +181,7 @@ class Sender(threading.Thread):
                 if item[5]:  # the end of a phase: read the GPUs now, near the boundary
                     self._sample_gpus(item[1], item[2])
             waiting.append(item)
-        entries: list[list] = []
+        entries: list[tuple] = []
         while waiting:
             item = waiting[0]
             kind = item[0]
@@ -197,24 +198,29 @@ class Sender(threading.Thread):
                         entries = []
                 continue
             waiting.popleft()
-            self._flush_entries(entries)
-            entries = []
             if kind == DONE:
                 step = item[1]
                 self._done_through = max(self._done_through, step)
-                self._enqueue(
-                    lambda seq, step=step: protocol.encode_done(self.producer_id, seq, step), 0
-                )
+                self._flush_entries(entries, done=step)
             else:  # FLUSH marker: set once everything before it is acknowledged
+                self._flush_entries(entries)
                 self.outbox.when_acked(item[1])
+            entries = []
         self._flush_entries(entries)
 
-    def _flush_entries(self, entries: list[list]) -> None:
+    def _flush_entries(self, entries: list[tuple], done: int = -1) -> None:
+        """Number and keep one message of ``entries``; ``done`` >= 0 folds a ``done`` into it
+        (or is a message of its own when there are no entries)."""
+        if self.encoder.new_tables:  # entries refer to a table the collector has not seen
+            self.encoder.new_tables = False
+            self.registration.reset()  # no data until a hello with it has gone out
+            self._say_hello()
+        pid = self.producer_id
         if entries:
             batch = list(entries)
-            self._enqueue(
-                lambda seq: protocol.encode_metrics(self.producer_id, seq, batch), len(batch)
-            )
+            self._enqueue(lambda seq: protocol.encode_metrics(pid, seq, batch, done), len(batch))
+        elif done >= 0:
+            self._enqueue(lambda seq: protocol.encode_done(pid, seq, done), 0)
 
     def _launch(self, item: tuple) -> tuple:
         """Queue the device work of a call; a failure (a CUDA error) loses that call's

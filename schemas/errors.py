@@ -16,6 +16,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "bad_names",  # names not a list of strings within the limits, or a name twice
     "bad_kinds",  # reduction codes that do not match the names
     "bad_values",  # value rows of the wrong size or impossible (negative weight, min > max)
+    "bad_table",  # an entry refers to a name table its producer's hello did not declare
     "bad_frames",  # a ZeroMQ message of more than one frame (the collector's receiver)
 )
 """Every reason a message is rejected for: the ``reason`` of each :class:`SchemaError` the wire

@@ -1,13 +1,27 @@
 """The messages of the wire protocol as the decoder returns them, the producer counters they
-carry, and the decoder's limits. Encoding and decoding are ``schemas.protocol``'s.
+carry, the decoder's limits, and name tables. Encoding and decoding are ``schemas.protocol``'s
+(version 2) and ``schemas.protocol_v1``'s (version 1, still accepted).
+
+Messages are ``msgspec`` structs: version 2 decodes straight into them, with every field's
+type and range checked in C; version 1 is parsed into the same structs. A metrics entry is a
+tuple ``(step, time, table, values, nonfinite)``: ``table`` is a :class:`Table` in version 1
+(names travel with each entry) and a table number in version 2 (names travel once, in the
+producer's hello); ``values`` are the little-endian float64 rows of the states, four per name
+(``schemas.values``); ``nonfinite`` counts NaN/Inf samples left out, by name (rare, so names
+are fine there; a name all of whose samples were non-finite has no state, so it is not in the
+table).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Annotated
 
-import numpy as np
+from msgspec import Meta, Struct
+
+from schemas.errors import SchemaError
+from schemas.reductions import Reduction
+from schemas.values import WIDTH
 
 STAT_KEYS = (
     "logged",
@@ -25,6 +39,17 @@ STAT_KEYS = (
 DROP_KEYS = ("dropped_queue_full", "dropped_buffer_full", "dropped_send")
 """The counters of ``log()`` calls a producer dropped: its queue full, its unacknowledged
 buffer full, or still unacknowledged when it closed."""
+ROW_BYTES = WIDTH * 8
+"""Bytes of one state on the wire."""
+KIND_CODES = frozenset(int(r) for r in Reduction)
+
+U63 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Size = Annotated[int, Meta(ge=1, le=1 << 24)]
+Rank = Annotated[int, Meta(ge=0, le=1 << 24)]
+Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
+WireEntry = tuple[U63, Finite, U63, bytes, dict[str, U63]]
+"""``(step, time, table, values, nonfinite)`` as version 2 sends it. Version 1 is parsed into
+the same tuple with a :class:`Table` for the number."""
 
 
 @dataclass(frozen=True)
@@ -38,81 +63,133 @@ class Limits:
     max_label_length: int = 128
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """Registration. ``seq`` is the producer's oldest unacknowledged sequence number: every
-    reliable message below it has been acknowledged."""
+DEFAULT_LIMITS = Limits()
+"""The decoder's bounds unless a collector configures its own (``collector.config``)."""
 
-    producer: int
-    seq: int
+
+class Table:
+    """A validated list of metric names and their reduction codes, as one producer sends
+    them. Compared by identity: the collector caches per table how its names map to rows.
+
+    >>> Table(("a", "b"), bytes([1, 4])).size
+    2
+    """
+
+    __slots__ = ("kinds", "names", "nbytes", "size")
+
+    def __init__(self, names: tuple[str, ...], kinds: bytes) -> None:
+        self.names = names
+        self.kinds = kinds
+        self.size = len(names)
+        self.nbytes = self.size * ROW_BYTES
+
+    @classmethod
+    def shared(cls, names: tuple[str, ...], kinds: bytes) -> Table:
+        """The one table for these names and codes (producers logging the same names share
+        it, so the collector merges their entries together)."""
+        key = (names, kinds)
+        table = _SHARED.get(key)
+        if table is None:
+            if len(_SHARED) >= _SHARED_SIZE:
+                _SHARED.clear()
+            table = _SHARED[key] = cls(names, kinds)
+        return table
+
+    @classmethod
+    def checked(cls, names: object, kinds: object, limits: Limits) -> Table:
+        """A table from wire data; raise :class:`SchemaError` naming what is wrong."""
+        if not isinstance(names, (list, tuple)) or len(names) > limits.max_names:
+            raise SchemaError(
+                "bad_names", f"names must be a list of at most {limits.max_names} strings"
+            )
+        for name in names:
+            if type(name) is not str or not 0 < len(name) <= limits.max_name_length:
+                raise SchemaError(
+                    "bad_names",
+                    f"metric name must be a string of 1..{limits.max_name_length} characters, "
+                    f"got {name!r:.80}",
+                )
+        if len(set(names)) != len(names):
+            raise SchemaError("bad_names", "an entry names the same metric twice")
+        n = len(names)
+        if type(kinds) is not bytes or len(kinds) != n or not set(kinds) <= KIND_CODES:
+            raise SchemaError(
+                "bad_kinds",
+                f"kinds must be {n} bytes, each a reduction code in {sorted(KIND_CODES)}",
+            )
+        return cls(tuple(names), kinds)
+
+
+_SHARED: dict[tuple[tuple[str, ...], bytes], Table] = {}
+_SHARED_SIZE = 65_536
+
+
+class TableDecl(Struct, array_like=True, frozen=True, gc=False):
+    """A name table as a version-2 hello declares it: its number, names and codes."""
+
+    id: U63
+    names: list[str]
+    kinds: bytes
+
+
+class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
+    """Registration. ``seq`` is the producer's oldest unacknowledged sequence number: every
+    reliable message below it has been acknowledged. ``tables`` (version 2) are every name
+    table the producer's entries refer to."""
+
+    producer: U63
+    seq: U63
     run: str
     role: str
-    rank: int
-    world_size: int
+    rank: Rank
+    world_size: Size
     host: str
-    pid: int
-    expected: Mapping[str, int] = field(default_factory=dict)
+    pid: U63
+    expected: dict[str, Size] = {}
     """The run's whole topology, role -> world size, when the producer knows it: the
     collector then waits for roles that have not registered yet."""
+    tables: list[TableDecl] = []
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One ``log()`` call: its step, wall-clock time and the states of its metrics."""
+class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
+    """A batch of ``log()`` calls (:data:`WireEntry`). ``done`` >= 0 also says the producer
+    has finished every step up to it (a ``done`` message folded in)."""
 
-    step: int
-    time: float
-    names: tuple[str, ...]
-    kinds: bytes
-    values: np.ndarray
-    """float64, shape (len(names), 4): sum, weight, min, max per name."""
-    nonfinite: Mapping[str, int] = field(default_factory=dict)
+    producer: U63
+    seq: U63
+    entries: list[WireEntry]
+    done: Annotated[int, Meta(ge=-1, le=2**63 - 1)] = -1
 
 
-@dataclass(frozen=True, slots=True)
-class Metrics:
-    producer: int
-    seq: int
-    entries: tuple[Entry, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
+class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
     """The producer has finished every step up to and including ``step``."""
 
-    producer: int
-    seq: int
-    step: int
+    producer: U63
+    seq: U63
+    step: U63
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    producer: int
-    seq: int
-    stats: Mapping[str, int]
+class Heartbeat(Struct, array_like=True, frozen=True, gc=False, tag=24):
+    producer: U63
+    seq: U63
+    stats: dict[str, U63]
 
 
-@dataclass(frozen=True, slots=True)
-class Bye:
+class Bye(Struct, array_like=True, frozen=True, gc=False, tag=25):
     """The producer is closing: it has finished every step it will log."""
 
-    producer: int
-    seq: int
-    stats: Mapping[str, int]
+    producer: U63
+    seq: U63
+    stats: dict[str, U63]
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     """Collector to producer: every reliable message up to ``seq`` is durably accepted."""
 
-    producer: int
-    seq: int
+    producer: U63
+    seq: U63
 
 
 Message = Hello | Metrics | Done | Heartbeat | Bye | Ack
 RELIABLE = (Metrics, Done, Bye)
 """Messages that carry data: sequenced, acknowledged, resent until acknowledged."""
-
-
-DEFAULT_LIMITS = Limits()
-"""The decoder's bounds unless a collector configures its own (``collector.config``)."""

@@ -14,6 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+_JSON = msgspec.json.Encoder()
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -50,6 +54,12 @@ class StepRecord:
             "time": self.time,
             "roles": dict(self.roles),
         }
+
+    def encode(self, **extra: Any) -> bytes:
+        """The JSON line of this record (floats round-trip exactly), with ``extra`` keys
+        beside ``record`` when given (the outbox's envelope)."""
+        obj = self.to_json()
+        return _JSON.encode({**extra, "record": obj} if extra else obj)
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> StepRecord:

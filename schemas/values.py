@@ -150,3 +150,21 @@ def empty_rows(n: int) -> np.ndarray:
     out = np.zeros((n, WIDTH), dtype=np.float64)
     out[:, MIN:] = NAN
     return out
+
+
+def invalid_rows(rows: np.ndarray) -> str | None:
+    """Why states read off the wire are impossible, or None when they are fine: ``rows`` is
+    ``(..., 4)``. Sums and weights must be finite, weights non-negative, extremes finite or
+    NaN (not observed), and min <= max. The producer never sends anything else."""
+    if rows.size == 0:
+        return None
+    if not np.isfinite(rows[..., :MIN]).all():
+        return "sum and weight must be finite (NaN/Inf samples are dropped by the producer)"
+    if (rows[..., WEIGHT] < 0).any():
+        return "weight must not be negative"
+    extremes = rows[..., MIN:]
+    if np.isinf(extremes).any():
+        return "min and max must be finite or NaN (not observed)"
+    if (extremes[..., 0] > extremes[..., 1]).any():
+        return "min is greater than max"
+    return None

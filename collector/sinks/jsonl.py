@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from collector.sinks.base import Sink, SinkContext, reject_unknown
 from schemas.errors import ConfigError
@@ -37,7 +37,7 @@ class JsonlSink(Sink):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._file: IO[str] | None = None
+        self._file: BinaryIO | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> JsonlSink:
@@ -55,7 +55,7 @@ class JsonlSink(Sink):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._repair()
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = self.path.open("ab")
         except OSError as exc:
             raise ConfigError(
                 "tracker_kwargs.jsonl.path",
@@ -102,9 +102,7 @@ class JsonlSink(Sink):
         if self._file is None:
             self.open()
         assert self._file is not None
-        self._file.write(
-            json.dumps(record.to_json(), allow_nan=False, separators=(",", ":")) + "\n"
-        )
+        self._file.write(record.encode() + b"\n")
         self._file.flush()
 
     def close(self) -> None:

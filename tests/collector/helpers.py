@@ -5,7 +5,7 @@ from __future__ import annotations
 import array
 from collections.abc import Mapping
 
-from schemas import CATALOG, Summary, protocol as P
+from schemas import CATALOG, Summary, protocol as P, protocol_v1 as V1
 
 
 def hello(
@@ -23,5 +23,5 @@ def metrics(
         state = v if isinstance(v, Summary) else Summary.of_scalar(v)
         rows.extend(state)
     kinds = bytes(int(CATALOG.resolve(n).reduction) for n in names)
-    raw = P.pack_entry(step, t, names, kinds, rows.tobytes(), nonfinite)
-    return P.decode(P.encode_metrics(pid, 1, [raw]))  # type: ignore[return-value]
+    raw = V1.pack_entry(step, t, names, kinds, rows.tobytes(), nonfinite)
+    return P.decode(V1.encode_metrics(pid, 1, [raw]))  # type: ignore[return-value]

@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from collector.aggregator import Aggregator
 from collector.config import CollectorConfig
 from collector.delivery import Delivery
-from schemas import SchemaError, protocol as P
+from schemas import SchemaError, protocol as P, protocol_v1 as V1
+from schemas.messages import TableDecl
+from schemas.values import invalid_rows
 
 EXAMPLES = int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "300"))
 """Inputs per fuzz test in ``make test``; a long run: ``RLPULSE_FUZZ_EXAMPLES=20000``."""
@@ -38,39 +40,64 @@ names = st.sampled_from(
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
 
 
+TABLES = [
+    TableDecl(0, ["actor/pg_loss", "critic/advantages"], bytes([1, 1])),
+    TableDecl(1, ["actor/lr", "custom/x", "system/tps"], bytes([6, 4, 3])),
+    TableDecl(2, ["time/rollout"], bytes([4])),
+]
+"""What every version-2 hello in the fuzzed traffic declares (table 3 is never declared)."""
+
+
+def rows(draw, n: int) -> bytes:
+    vals = array.array("d")
+    for _ in range(n):
+        s, w = draw(st.floats(-1e6, 1e6)), draw(st.floats(0, 1e6))
+        lo, hi = sorted([draw(st.floats(-1e6, 1e6)), draw(st.floats(-1e6, 1e6))])
+        vals.extend((s, w, lo, hi))
+    return vals.tobytes()
+
+
 @st.composite
 def valid_message(draw) -> bytes:
     pid = draw(st.integers(1, 3))
     kind = draw(st.sampled_from(["hello", "metrics", "done", "heartbeat", "bye"]))
     seq = draw(st.integers(0, 6))
+    v1 = draw(st.booleans())  # both versions reach the collector
     if kind == "hello":
         ws = draw(st.integers(1, 3))
-        return P.encode_hello(
-            pid,
-            seq,
-            run="r",
-            role=draw(st.sampled_from(["a", "b"])),
-            rank=draw(st.integers(0, ws - 1)),
-            world_size=ws,
-            host="h",
-            pid=1,
+        args = {
+            "run": "r",
+            "role": draw(st.sampled_from(["a", "b"])),
+            "rank": draw(st.integers(0, ws - 1)),
+            "world_size": ws,
+            "host": "h",
+            "pid": 1,
+        }
+        return (
+            V1.encode_hello(pid, seq, **args)
+            if v1
+            else P.encode_hello(pid, seq, **args, tables=TABLES)
         )
+    codec = V1 if v1 else P
     if kind == "done":
-        return P.encode_done(pid, seq, draw(st.integers(0, 5)))
+        return codec.encode_done(pid, seq, draw(st.integers(0, 5)))
     if kind in ("heartbeat", "bye"):
-        encode = P.encode_heartbeat if kind == "heartbeat" else P.encode_bye
+        encode = codec.encode_heartbeat if kind == "heartbeat" else codec.encode_bye
         return encode(pid, seq, {"dropped_send": draw(st.integers(0, 9))})
     entries = []
     for _ in range(draw(st.integers(1, 3))):
-        ns = draw(st.lists(names, min_size=0, max_size=4, unique=True))
-        vals = array.array("d")
-        for _ in ns:
-            s, w = draw(st.floats(-1e6, 1e6)), draw(st.floats(0, 1e6))
-            lo, hi = sorted([draw(st.floats(-1e6, 1e6)), draw(st.floats(-1e6, 1e6))])
-            vals.extend((s, w, lo, hi))
-        kinds = bytes(draw(st.integers(1, 6)) for _ in ns)
-        entries.append(P.pack_entry(draw(st.integers(0, 5)), 1.0, ns, kinds, vals.tobytes(), {}))
-    return P.encode_metrics(pid, seq, entries)
+        step = draw(st.integers(0, 5))
+        if v1:
+            ns = draw(st.lists(names, min_size=0, max_size=4, unique=True))
+            kinds = bytes(draw(st.integers(1, 6)) for _ in ns)
+            entries.append(V1.pack_entry(step, 1.0, ns, kinds, rows(draw, len(ns)), {}))
+        else:
+            table = draw(st.integers(0, 3))
+            size = len(TABLES[table].names) if table < 3 else 2
+            entries.append(P.pack_entry(step, 1.0, table, rows(draw, size), {}))
+    if v1:
+        return V1.encode_metrics(pid, seq, entries)
+    return P.encode_metrics(pid, seq, entries, draw(st.integers(-1, 5)))
 
 
 @st.composite
@@ -102,8 +129,10 @@ def test_decoder_rejects_or_accepts_never_crashes(data: bytes) -> None:
         assert exc.reason
         return
     if isinstance(msg, P.Metrics):
-        for entry in msg.entries:  # what passes the decoder satisfies the protocol's rules
-            assert np.isfinite(entry.values[:, :2]).all() and (entry.values[:, 1] >= 0).all()
+        for _, _, table, values, _ in msg.entries:
+            if not isinstance(table, int):  # version 1 checks rows itself; version 2 in bulk
+                rows = np.frombuffer(values, dtype="<f8").reshape(-1, 4)
+                assert invalid_rows(rows) is None
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,18 +146,23 @@ def test_aggregation_survives_any_accepted_sequence_and_honest_results_hold(
     delivery = Delivery(agg.health)
     # An honest producer (id 99) interleaved with the fuzzed traffic.
     honest = [
-        P.encode_hello(99, 1, run="honest", role="w", rank=0, world_size=1, host="h", pid=1),
+        P.encode_hello(
+            99,
+            1,
+            run="honest",
+            role="w",
+            rank=0,
+            world_size=1,
+            host="h",
+            pid=1,
+            tables=[TableDecl(0, ["actor/pg_loss"], bytes([1]))],
+        ),
         P.encode_metrics(
             99,
             1,
             [
                 P.pack_entry(
-                    0,
-                    1.0,
-                    ["actor/pg_loss"],
-                    bytes([1]),
-                    array.array("d", [6.0, 3.0, float("nan"), float("nan")]).tobytes(),
-                    {},
+                    0, 1.0, 0, array.array("d", [6.0, 3.0, float("nan"), float("nan")]).tobytes()
                 )
             ],
         ),

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from collector.launch import start_collector
-from schemas import protocol as P
+from schemas import protocol_v1 as V1
 from tests.integration.workload import expected, run_rank
 
 SPAWN = mp.get_context("spawn")
@@ -109,7 +109,7 @@ def garbage(address: str, seconds: float) -> dict[str, int]:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(address)
-    nan_entry = P.pack_entry(
+    nan_entry = V1.pack_entry(
         0,
         1.0,
         ["critic/advantages"],
@@ -121,9 +121,9 @@ def garbage(address: str, seconds: float) -> dict[str, int]:
             b"\xc1"  # never valid in msgpack; random bytes can parse by chance
             + bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 63)))
         ),
-        "bad_envelope": lambda: msgpack.packb([1, 2, {"a": 3}]),
+        "bad_envelope": lambda: msgpack.packb({"v": 1, "t": "nope", "p": 1, "q": 0}),
         "bad_version": lambda: msgpack.packb({"v": 99, "t": "metrics", "p": 1, "q": 0, "e": []}),
-        "bad_values": lambda: P.encode_metrics(1234, 0, [nan_entry]),
+        "bad_values": lambda: V1.encode_metrics(1234, 0, [nan_entry]),
         "oversized": lambda: b"\x91" + b"\x00" * (2 * 1024 * 1024),
     }
     sent = dict.fromkeys(kinds, 0)

@@ -3,7 +3,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import zmq
 
@@ -72,8 +74,48 @@ def inbox() -> Iterator[Inbox]:
     box.close()
 
 
-def entries(messages: list[protocol.Message]) -> list[protocol.Entry]:
-    return [e for m in messages if isinstance(m, protocol.Metrics) for e in m.entries]
+@dataclass(frozen=True)
+class Entry:
+    """One entry as the producer meant it: names resolved through its hello's tables."""
+
+    step: int
+    time: float
+    names: tuple[str, ...]
+    kinds: bytes
+    values: np.ndarray
+    """float64 (len(names), 4): sum, weight, min, max."""
+    nonfinite: dict[str, int]
+
+
+def entries(messages: list[protocol.Message]) -> list[Entry]:
+    """Every entry of the metrics messages, with the names of the tables declared so far."""
+    tables: dict[tuple[int, int], tuple[tuple[str, ...], bytes]] = {}
+    out = []
+    for m in messages:
+        if isinstance(m, protocol.Hello):
+            for decl in m.tables:
+                tables[(m.producer, decl.id)] = (tuple(decl.names), decl.kinds)
+        elif isinstance(m, protocol.Metrics):
+            for step, t, table, values, nonfinite in m.entries:
+                if isinstance(table, protocol.Table):
+                    names, kinds = table.names, table.kinds
+                else:
+                    names, kinds = tables[(m.producer, table)]
+                rows = np.frombuffer(values, dtype="<f8").reshape(len(names), 4)
+                out.append(Entry(step, t, names, kinds, rows, dict(nonfinite)))
+    return out
+
+
+def done_steps(messages: list[protocol.Message]) -> list[int]:
+    """The steps producers said they finished, in order: ``done`` messages and the ``done``
+    folded into a metrics message."""
+    out = []
+    for m in messages:
+        if isinstance(m, protocol.Done):
+            out.append(m.step)
+        elif isinstance(m, protocol.Metrics) and m.done >= 0:
+            out.append(m.done)
+    return out
 
 
 def has_bye(messages: list[protocol.Message]) -> bool:

@@ -19,7 +19,7 @@ from producer.device import reduce_tensor
 from producer.reduce import reduce_value
 from schemas import metrics as M, protocol
 from schemas.values import Summary
-from tests.producer.conftest import entries, has_bye
+from tests.producer.conftest import done_steps, entries, has_bye
 from tests.producer.fakedevice import fake_context
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.bool]
@@ -145,8 +145,9 @@ def test_calls_wait_for_the_device_and_keep_their_order(inbox) -> None:
     assert p.flush(5)
     msgs = inbox.receive(until=lambda ms: len(entries(ms)) == 2)
     assert [e.step for e in entries(msgs)] == [0, 1]
-    done = next(i for i, m in enumerate(msgs) if isinstance(m, protocol.Done))
-    assert done > max(i for i, m in enumerate(msgs) if isinstance(m, protocol.Metrics))
+    # The done comes with (or after) the entries it follows, never before them.
+    last = [m for m in msgs if isinstance(m, (protocol.Metrics, protocol.Done))][-1]
+    assert done_steps(msgs) == [1] and done_steps([last]) == [1]
     p.close()
     assert all(m.released for m in ops.markers)  # events go back to the pool
 

@@ -13,7 +13,7 @@ import torch
 from producer import Masked, Producer, Weighted
 from producer.config import ProducerConfig
 from schemas import Reduction, metrics as M, protocol
-from tests.producer.conftest import entries, has_bye
+from tests.producer.conftest import done_steps, entries, has_bye
 
 
 def by_name(entry: protocol.Entry) -> dict[str, list[float]]:
@@ -214,7 +214,7 @@ def test_step_done_and_phase(inbox) -> None:
     ][0]
     assert 0.01 < rss < 64  # GiB: this test process
     assert M.TIME_PHASE.format(cluster="actor_train", phase="generate", part="total") in names
-    assert any(isinstance(m, protocol.Done) and m.step == 2 for m in msgs)
+    assert 2 in done_steps(msgs)
 
 
 class FakeCuda:

@@ -64,7 +64,7 @@ def test_a_new_connection_gets_a_hello_and_everything_unacknowledged_again() -> 
     assert until(lambda: "Metrics" in kinds(t))
     again = sent(t)
     assert isinstance(again[0], protocol.Hello) and again[0].seq == 1  # nothing acked yet
-    steps = [e.step for m in again if isinstance(m, protocol.Metrics) for e in m.entries]
+    steps = [e[0] for m in again if isinstance(m, protocol.Metrics) for e in m.entries]
     assert steps == [0, 1, 2] and p.stats()["resent_messages"] >= 1
     p.close(timeout=0.2)
 
