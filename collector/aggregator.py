@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from collector.config import CollectorConfig
 from collector.derived import Throughput
 from collector.health import Health
@@ -86,6 +88,11 @@ class Aggregator:
         if kind is protocol.Hello:
             self._run(self.membership.register(msg, now).run)  # type: ignore[arg-type]
             return
+        if kind is protocol.RelayHello:
+            self.membership.register_relay(msg, now)  # type: ignore[arg-type]
+            for member in msg.members:  # type: ignore[union-attr]
+                self._run(member.run)
+            return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
             return
@@ -96,6 +103,8 @@ class Aggregator:
                 self._entry(run, prod, bit, entry, now, position, replay)
             if msg.done >= 0:  # type: ignore[union-attr]
                 self._advance(prod, msg.done, now)  # type: ignore[union-attr]
+        elif kind is protocol.Delta:
+            self._apply_delta(prod, msg, now, position, replay)  # type: ignore[arg-type]
         elif isinstance(msg, protocol.Done):
             self._advance(prod, msg.step, now)
         elif isinstance(msg, protocol.Heartbeat):
@@ -131,21 +140,85 @@ class Aggregator:
         state = run.steps.get(step)
         if state is None:
             if step <= run.last_emitted:
-                if replay:
+                state = self._after_emission(run, prod, step, now, position, replay)
+                if state is None:
                     self._advance(prod, step - 1, now)
                     return
-                self.health.late += 1
-                self._ratelog.warn(
-                    f"late:{run.name}",
-                    f"run {run.name!r}: {prod.role}/{prod.rank} logged step {step} after it was "
-                    f"emitted (latest emitted {run.last_emitted}); not merged",
-                )
-                return
-            finished = self.membership.finished_slots(run.name, step)
-            state = run.open(step, now, finished, position)
+            else:
+                finished = self.membership.finished_slots(run.name, step)
+                state = run.open(step, now, finished, position)
         run.add(state, table, values, role_bit, prod.pid, t, nonfinite)
         if step - 1 > prod.watermark:
             self._advance(prod, step - 1, now)
+
+    def _after_emission(
+        self,
+        run: RunSteps,
+        prod: ProducerInfo,
+        step: int,
+        now: float,
+        position: object,
+        replay: bool,
+    ) -> StepState | None:
+        """Data for a step already emitted: late (counted, never merged); when replaying the
+        write-ahead log, data that went out with the step (skipped silently)."""
+        if not replay:
+            self.health.late += 1
+            self._ratelog.warn(
+                f"late:{run.name}",
+                f"run {run.name!r}: {prod.role}/{prod.rank} logged step {step} after it was "
+                f"emitted (latest emitted {run.last_emitted}); not merged",
+            )
+        return None
+
+    def _open_or_late(
+        self, run: RunSteps, step: int, now: float, position: object, who: str
+    ) -> StepState | None:
+        """The open state of ``step``, opened if need be; None (counted) if it was emitted."""
+        state = run.steps.get(step)
+        if state is not None:
+            return state
+        if step <= run.last_emitted:
+            self.health.late += 1
+            self._ratelog.warn(
+                f"late:{run.name}",
+                f"run {run.name!r}: {who} sent step {step} after it was emitted "
+                f"(latest emitted {run.last_emitted}); not merged",
+            )
+            return None
+        return run.open(step, now, self.membership.finished_slots(run.name, step), position)
+
+    def _apply_delta(
+        self,
+        relay: ProducerInfo,
+        msg: protocol.Delta,
+        now: float,
+        position: object,
+        replay: bool,
+    ) -> None:
+        """A relay's merged entries for one run, then how far its members have finished."""
+        if msg.run not in self.membership.runs:
+            self.health.reject("bad_field")
+            return
+        run, members = self._run(msg.run), self.membership.runs[msg.run]
+        for step, t_first, t_last, table_id, values, nonfinite, pids, owners in msg.entries:
+            if not replay:
+                self.health.events_received += 1
+            table = relay.tables.get(table_id)
+            if table is None or len(owners) != table.size:
+                self.health.reject("bad_table")
+                continue
+            if replay and step <= run.last_emitted:
+                continue
+            state = self._open_or_late(run, step, now, position, f"relay {relay.pid:x}")
+            if state is None:
+                continue
+            row_roles = np.array([members.bits_of(o) for o in owners], dtype=np.int64)
+            run.add_merged(state, table, values, row_roles, pids, (t_first, t_last), nonfinite)
+        for pid, watermark in msg.watermarks:
+            member = self.membership.producers.get(pid)
+            if member is not None and member.via == relay.pid:
+                self._advance(member, watermark, now)
 
     def _advance(self, prod: ProducerInfo, watermark: int, now: float) -> None:
         """Record that ``prod`` has finished every step up to ``watermark``."""

@@ -62,6 +62,11 @@ class CollectorConfig:
       cardinality bomb must not take memory without bound).
     * ``curve``: CurveZMQ encryption and authentication, ``{server_cert: <server>.key_secret,
       clients_dir: <folder of allowed clients' .key files>}`` (``python -m collector keygen``).
+    * ``upstream``: makes this collector a *relay* (``collector.relay``): it merges its own
+      ranks' states per step and forwards them, as states, to the collector at this address,
+      which merges the relays again. A relay has no trackers. ``upstream_curve``:
+      ``{server_key: <above>.key, client_cert: <relay>.key_secret}`` when the collector above
+      runs CurveZMQ.
     """
 
     bind: str = DEFAULT_BIND
@@ -84,10 +89,16 @@ class CollectorConfig:
     max_names_per_run: int = 10_000
     curve: Mapping[str, str] | None = None
     log_level: str = "INFO"
+    upstream: str | None = None
+    upstream_curve: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         _check_bind(self.bind)
-        if not self.trackers:
+        if self.upstream is not None:
+            _check_upstream(self.upstream, self.upstream_curve, self.trackers)
+        elif self.upstream_curve is not None:
+            raise ConfigError("upstream_curve", "is for a relay: set upstream too")
+        elif not self.trackers:
             raise ConfigError(
                 "track_with",
                 "is empty: with no tracker the collector would discard every step it receives; "
@@ -151,7 +162,10 @@ class CollectorConfig:
         if not isinstance(raw, Mapping):
             raise ConfigError("<config>", "must be a YAML mapping", type(raw).__name__)
         data = dict(raw)
-        trackers = _trackers(data.pop("track_with", None), data.pop("tracker_kwargs", None))
+        track_with = data.pop("track_with", None)
+        if track_with is None and data.get("upstream") is not None:
+            track_with = []  # a relay forwards; the collector above it writes
+        trackers = _trackers(track_with, data.pop("tracker_kwargs", None))
         known = {f.name for f in fields(cls)} - {"trackers"}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -248,6 +262,30 @@ def _check_curve(curve: object) -> None:
             "curve.clients_dir",
             "is not a folder of allowed client public keys (*.key)",
             str(clients),
+        )
+
+
+def _check_upstream(upstream: object, curve: object, trackers: Mapping[str, Any]) -> None:
+    """A relay: where it forwards to, the keys for that, and no trackers of its own."""
+    if not isinstance(upstream, str) or not upstream.startswith("tcp://"):
+        raise ConfigError(
+            "upstream", "must be the address of the collector above, as tcp://HOST:PORT", upstream
+        )
+    host, colon, port = upstream[len("tcp://") :].rpartition(":")
+    if not (host and colon and port.isdigit() and 0 < int(port) <= 65535):
+        raise ConfigError("upstream", "needs a host and a port in 1-65535", upstream)
+    if trackers:
+        raise ConfigError(
+            "track_with",
+            "must be empty for a relay (upstream set): its steps hold only its own ranks; the "
+            "collector above writes the merged ones",
+            sorted(trackers),
+        )
+    if curve is not None and (
+        not isinstance(curve, Mapping) or set(curve) != {"server_key", "client_cert"}
+    ):
+        raise ConfigError(
+            "upstream_curve", "must be a mapping with exactly server_key and client_cert", curve
         )
 
 

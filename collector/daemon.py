@@ -35,6 +35,7 @@ from collector.durable import DurableState
 from collector.fanout import FanOut
 from collector.health import Health
 from collector.receiver import Endpoint, Receiver
+from collector.relay import RelayAggregator, UpstreamSink, relay_id
 from collector.sinks import build_sink
 from collector.sinks.base import Sink, SinkContext
 from schemas import protocol
@@ -81,7 +82,11 @@ class Collector:
     def _start(self, sinks: Mapping[str, Sink] | None, environ: Mapping[str, str]) -> None:
         config, clock = self.config, self._clock
         ctx = SinkContext(catalog=CATALOG, health=self.health.snapshot)
-        if sinks is None:
+        relay = None
+        if config.upstream is not None:  # a relay: its one sink is the collector above
+            relay = relay_id(config.state_dir)
+            sinks = {UpstreamSink.name: UpstreamSink(config, relay)}
+        elif sinks is None:
             sinks = {
                 name: build_sink(name, kwargs, ctx, environ)
                 for name, kwargs in config.trackers.items()
@@ -93,12 +98,15 @@ class Collector:
             self.durable = DurableState(config.state_dir, config)
         self.fanout = FanOut(sinks, config, durable=self.durable)
         self.health.sinks = self.fanout.stats
-        self.aggregator = Aggregator(
+        kind = Aggregator if relay is None else RelayAggregator
+        self.aggregator = kind(
             self.durable.emit if self.durable else self.fanout.put,
             config,
             health=self.health,
             catalog=CATALOG,
         )
+        if isinstance(self.aggregator, RelayAggregator):
+            self.aggregator.relay_id = relay
         self.delivery = Delivery(self.health)
         self.limits = protocol.Limits(
             max_bytes=config.max_message_bytes,

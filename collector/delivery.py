@@ -21,6 +21,8 @@ from collector.ratelog import RateLimitedLog
 from schemas import protocol
 
 log = logging.getLogger("rlpulse.collector")
+HELLOS = (protocol.Hello, protocol.RelayHello)
+"""Registrations: a producer's, or a relay's (a relay is one producer to the collector above)."""
 MAX_HELD = 10_000
 """Messages kept for producers whose hello has not arrived yet (more are dropped, resent)."""
 
@@ -43,7 +45,7 @@ class Delivery:
     ) -> list[tuple[protocol.Message, bytes]]:
         """The messages to apply now, each with its raw bytes (for the write-ahead log)."""
         pid = msg.producer
-        if isinstance(msg, protocol.Hello):
+        if isinstance(msg, HELLOS):
             self.identity[pid] = identity
             self._to_ack.add(pid)
             out = [(msg, raw)]
@@ -103,7 +105,7 @@ class Delivery:
         """Recovery: a message read back from the write-ahead log was applied once already."""
         if isinstance(msg, protocol.RELIABLE):
             self.last_seq[msg.producer] = max(self.last_seq.get(msg.producer, 0), msg.seq)
-        elif isinstance(msg, protocol.Hello) and msg.producer not in self.last_seq:
+        elif isinstance(msg, HELLOS) and msg.producer not in self.last_seq:
             self.last_seq[msg.producer] = msg.seq - 1
 
     def acks(self) -> list[tuple[bytes, bytes]]:

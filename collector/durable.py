@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from collector.config import CollectorConfig
 from collector.segmentlog import Position, SegmentLog
@@ -71,8 +71,13 @@ def encode_record(seq: int, record: StepRecord) -> bytes:
     return record.encode(seq=seq, emitted_at=time.time())
 
 
-def decode_record(payload: bytes) -> tuple[int, float, StepRecord]:
+def decode_record(payload: bytes) -> tuple[int, float, Any]:
+    """An outbox record: a step for the sinks, or (a relay's) a record for the collector above."""
     obj = json.loads(payload)
+    if "relay" in obj:
+        from collector.relay import RelayRecord
+
+        return int(obj["seq"]), float(obj["emitted_at"]), RelayRecord.from_json(obj["relay"])
     return int(obj["seq"]), float(obj["emitted_at"]), StepRecord.from_json(obj["record"])
 
 

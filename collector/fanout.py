@@ -160,7 +160,8 @@ class SinkWorker:
                 self._notify.clear()
                 continue
             for position, emitted_at, record in batch:
-                if record.step > self._skip.get(record.run, -1):
+                skip = self._skip.get(record.run)
+                if skip is None or record.step > skip:
                     self._busy_since = emitted_at - offset
                     if not self._write(record, forever=True):
                         return  # stopping with a sink that still fails: resume here next start

@@ -47,6 +47,10 @@ class ProducerInfo:
     stats: Mapping[str, int] = field(default_factory=dict)
     tables: dict[int, Table] = field(default_factory=dict)
     """The name tables its (version-2) entries refer to by number."""
+    via: int | None = None
+    """The relay this producer reached us through (its liveness is the relay's)."""
+    presumed_gone: bool = False
+    """Its relay presumes it gone (a relay's own liveness verdict)."""
 
     def declare(self, decls: Iterable[TableDecl]) -> None:
         """Take the tables of a hello (validated by the decoder)."""
@@ -75,12 +79,21 @@ class Members:
         self.slots: dict[Slot, int] = {}
         self.declared = False
         """A producer sent the whole topology: no need to wait for late registrations."""
+        self.expected_roles: dict[str, int] = {}
+        """That topology, as declared."""
+        self.local_only = False
+        """A relay's view: wait for the ranks registered here, not for the whole topology."""
         self._expected: set[Slot] | None = None
 
     def expected(self) -> set[Slot]:
         """Every (role, rank) the run waits for; cached until a registration changes roles."""
         if self._expected is None:
-            self._expected = {(role, rank) for role, ws in self.roles.items() for rank in range(ws)}
+            if self.local_only:
+                self._expected = {s for s in self.slots if s[1] < self.roles[s[0]]}
+            else:
+                self._expected = {
+                    (role, rank) for role, ws in self.roles.items() for rank in range(ws)
+                }
         return self._expected
 
     def add_role(self, role: str, size: int) -> int:
@@ -93,6 +106,13 @@ class Members:
     def settling(self, now: float, settle_s: float) -> bool:
         """A new run whose other roles may still be starting up."""
         return not self.declared and now - self.first_seen < settle_s
+
+    def bits_of(self, owners: str) -> int:
+        """The role bits of ``a+b`` role names (a relay's attribution of a row)."""
+        bits = 0
+        for role in owners.split("+") if owners else ():
+            bits |= 1 << self.role_bits.setdefault(role, len(self.role_bits))
+        return bits
 
     def role_names(self, bits: int) -> str:
         """The roles whose bits are set in ``bits``, joined by ``+``."""
@@ -107,6 +127,8 @@ class Membership:
         self.liveness_s = liveness_s
         self.health = health
         self.producers: dict[int, ProducerInfo] = {}
+        self.relays: dict[int, ProducerInfo] = {}
+        """Relays below this collector, by their producer id."""
         self.runs: dict[str, Members] = {}
         self._ratelog = RateLimitedLog(log)
 
@@ -122,6 +144,7 @@ class Membership:
             run = self.runs[msg.run] = Members(now)
         for role, size in msg.expected.items():
             run.declared = True
+            run.expected_roles.setdefault(role, size)
             run.add_role(role, size)
         ws = run.add_role(msg.role, msg.world_size)
         if msg.world_size != ws:
@@ -138,6 +161,7 @@ class Membership:
         self.producers[msg.producer] = prod
         previous = run.slots.get(prod.slot)
         run.slots[prod.slot] = prod.pid
+        run._expected = None  # a relay's expected ranks are the registered ones
         if previous is not None:
             log.info(
                 "run %r: %s/%d re-registered from a new process (host %s)",
@@ -158,9 +182,29 @@ class Membership:
         self.health.producers = len(self.producers)
         return prod
 
+    def register_relay(self, msg: protocol.RelayHello, now: float) -> ProducerInfo:
+        """Apply a relay's hello: the relay itself (a producer of no run, whose tables its
+        deltas use) and the producers behind it, registered as if they had said hello."""
+        relay = self.relays.get(msg.producer)
+        if relay is None:
+            relay = self.relays[msg.producer] = ProducerInfo(
+                msg.producer, "", "relay", 0, 1, msg.host, now
+            )
+            log.info("relay %x registered (host %s)", msg.producer, msg.host)
+        relay.last_seen = now
+        relay.declare(msg.tables)
+        for m in msg.members:
+            hello = protocol.Hello(
+                m.producer, 0, m.run, m.role, m.rank, m.world_size, m.host, 0, m.expected
+            )
+            prod = self.register(hello, now)
+            prod.via = msg.producer
+            prod.presumed_gone = m.gone
+        return relay
+
     def seen(self, pid: int, now: float) -> ProducerInfo | None:
         """The producer of a message, marked alive; None (counted) if it never registered."""
-        prod = self.producers.get(pid)
+        prod = self.producers.get(pid) or self.relays.get(pid)
         if prod is None:
             self.health.unknown_producer += 1
             return None
@@ -184,7 +228,12 @@ class Membership:
         if pid is None:
             return now - run.first_seen >= self.liveness_s
         prod = self.producers[pid]
-        return not prod.finished and now - prod.last_seen >= self.liveness_s
+        if prod.finished:
+            return False
+        if prod.via is not None:  # behind a relay: its verdict, or the relay's own silence
+            relay = self.relays.get(prod.via)
+            return prod.presumed_gone or relay is None or now - relay.last_seen >= self.liveness_s
+        return now - prod.last_seen >= self.liveness_s
 
     def finished_slots(self, run_name: str, step: int) -> set[Slot]:
         """Slots whose producer has already finished ``step`` (for a step opened late)."""
@@ -205,8 +254,14 @@ class Membership:
             },
             "tables": {
                 str(p.pid): [[i, list(t.names), list(t.kinds)] for i, t in p.tables.items()]
-                for p in self.producers.values()
+                for p in (*self.producers.values(), *self.relays.values())
                 if p.tables
+            },
+            "relays": {str(r.pid): r.host for r in self.relays.values()},
+            "via": {
+                str(p.pid): [p.via, p.presumed_gone]
+                for p in self.producers.values()
+                if p.via is not None
             },
             "runs": {
                 name: {
@@ -214,6 +269,7 @@ class Membership:
                     "role_bits": run.role_bits,
                     "slots": [[role, rank, pid] for (role, rank), pid in run.slots.items()],
                     "declared": run.declared,
+                    "expected_roles": run.expected_roles,
                 }
                 for name, run in self.runs.items()
             },
@@ -224,8 +280,13 @@ class Membership:
             self.producers[int(pid)] = ProducerInfo(
                 int(pid), run, role, rank, ws, host, now, watermark
             )
+        for pid, host in snapshot.get("relays", {}).items():
+            self.relays[int(pid)] = ProducerInfo(int(pid), "", "relay", 0, 1, host, now)
+        for pid, (via, presumed_gone) in snapshot.get("via", {}).items():
+            self.producers[int(pid)].via = via
+            self.producers[int(pid)].presumed_gone = presumed_gone
         for pid, tables in snapshot.get("tables", {}).items():
-            self.producers[int(pid)].declare(
+            (self.producers.get(int(pid)) or self.relays[int(pid)]).declare(
                 TableDecl(i, names, bytes(kinds)) for i, names, kinds in tables
             )
         for name, data in snapshot.get("runs", {}).items():
@@ -234,6 +295,7 @@ class Membership:
             run.role_bits = dict(data["role_bits"])
             run.slots = {(role, rank): int(pid) for role, rank, pid in data["slots"]}
             run.declared = bool(data.get("declared", False))
+            run.expected_roles = dict(data.get("expected_roles", {}))
         self.health.producers = len(self.producers)
 
     def ensure_run(self, name: str, now: float) -> Members:

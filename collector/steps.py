@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,13 +98,15 @@ class _Group:
     """Entries waiting to be merged into one step, all with the same layout: merged together,
     in one pass of array operations, when the step is next looked at."""
 
-    __slots__ = ("blobs", "layout", "roles", "state")
+    __slots__ = ("blobs", "layout", "roles", "row_roles", "state")
 
     def __init__(self, state: StepState, layout: _Layout) -> None:
         self.state = state
         self.layout = layout
         self.blobs: list[bytes] = []
         self.roles = 0
+        self.row_roles: np.ndarray | None = None
+        """Per table row, for entries a relay merged from several roles."""
 
 
 class RunSteps:
@@ -207,19 +209,9 @@ class RunSteps:
     ) -> None:
         """One entry for ``state``: its values wait to be merged with the others of the same
         step and table (:meth:`merge_pending`); the rest is noted now."""
-        if len(values) != table.nbytes:
-            self.health.reject("bad_values")
-            self._ratelog.warn(
-                "values-size",
-                f"rejected an entry of {len(values)} bytes of values for {table.size} names",
-            )
-            return
-        layout = self.layout(table)
-        key = (state.step, id(layout))
-        group = self._pending.get(key)
+        group = self._group(state, table, values)
         if group is None:
-            group = self._pending[key] = _Group(state, layout)
-        group.blobs.append(values)
+            return
         group.roles |= 1 << role_bit
         if nonfinite:
             state.nonfinite.update(nonfinite)
@@ -228,6 +220,44 @@ class RunSteps:
             state.t_first = t
         if t > state.t_last:
             state.t_last = t
+
+    def add_merged(
+        self,
+        state: StepState,
+        table: Table,
+        values: bytes,
+        row_roles: np.ndarray,
+        pids: Iterable[int],
+        times: tuple[float, float],
+        nonfinite: Mapping[str, int],
+    ) -> None:
+        """A relay's entry: several producers' data already merged, with the roles behind each
+        row and the first and last ``log()`` times."""
+        group = self._group(state, table, values)
+        if group is None:
+            return
+        group.row_roles = row_roles if group.row_roles is None else group.row_roles | row_roles
+        if nonfinite:
+            state.nonfinite.update(nonfinite)
+        state.contributors.update(pids)
+        state.t_first = min(state.t_first, times[0])
+        state.t_last = max(state.t_last, times[1])
+
+    def _group(self, state: StepState, table: Table, values: bytes) -> _Group | None:
+        if len(values) != table.nbytes:
+            self.health.reject("bad_values")
+            self._ratelog.warn(
+                "values-size",
+                f"rejected an entry of {len(values)} bytes of values for {table.size} names",
+            )
+            return None
+        layout = self.layout(table)
+        key = (state.step, id(layout))
+        group = self._pending.get(key)
+        if group is None:
+            group = self._pending[key] = _Group(state, layout)
+        group.blobs.append(values)
+        return group
 
     def merge_pending(self) -> None:
         """Merge every waiting entry into its step: per (step, table), the entries' rows are
@@ -271,6 +301,9 @@ class RunSteps:
         merge_rows(state.rows, layout.idx, merged, layout.last if layout.touches_last else None)
         state.touched[layout.idx] = True
         state.roles[layout.idx] |= group.roles
+        if group.row_roles is not None:
+            rows_roles = group.row_roles if layout.keep is None else group.row_roles[layout.keep]
+            state.roles[layout.idx] |= rows_roles
 
     def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
         """``slot`` has finished every step in ``(old, watermark]``."""

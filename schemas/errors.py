@@ -18,6 +18,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "bad_values",  # value rows of the wrong size or impossible (negative weight, min > max)
     "bad_table",  # an entry refers to a name table its producer's hello did not declare
     "bad_frames",  # a ZeroMQ message of more than one frame (the collector's receiver)
+    "relay_of_relay",  # a relay's hello sent to a relay: one tier of relays, then the root
 )
 """Every reason a message is rejected for: the ``reason`` of each :class:`SchemaError` the wire
 protocol raises, and ``bad_frames``. The collector counts rejects by these

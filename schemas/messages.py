@@ -190,6 +190,47 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     seq: U63
 
 
-Message = Hello | Metrics | Done | Heartbeat | Bye | Ack
-RELIABLE = (Metrics, Done, Bye)
+class Member(Struct, array_like=True, frozen=True, gc=False):
+    """A producer behind a relay, as the relay announces it upstream: its registration, and
+    whether the relay presumes it gone (silent for ``liveness_s``)."""
+
+    producer: U63
+    run: str
+    role: str
+    rank: Rank
+    world_size: Size
+    host: str
+    expected: dict[str, Size] = {}
+    gone: bool = False
+
+
+class RelayHello(Struct, array_like=True, frozen=True, gc=False, tag=27):
+    """A relay (a collector with an ``upstream``) registering with the collector above it:
+    ``seq`` as in :class:`Hello`; ``tables`` its entries refer to; ``members`` the producers it
+    speaks for. Sent again whenever a table or a member is new or changed."""
+
+    producer: U63
+    seq: U63
+    host: str
+    pid: U63
+    tables: list[TableDecl] = []
+    members: list[Member] = []
+
+
+class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
+    """What a relay forwards: for one run, merged entries ``(step, t_first, t_last, table,
+    values, nonfinite, contributors, roles)`` (states, never means: the relay's ranks pooled;
+    ``contributors`` the producers whose data is in it, ``roles`` per table row the roles that
+    logged it, joined by ``+``), then ``watermarks`` ``(member, step)``: each member has
+    finished every step up to it and all its data for them has been forwarded."""
+
+    producer: U63
+    seq: U63
+    run: str
+    entries: list[tuple[U63, Finite, Finite, U63, bytes, dict[str, U63], list[U63], list[str]]]
+    watermarks: list[tuple[U63, U63]]
+
+
+Message = Hello | Metrics | Done | Heartbeat | Bye | Ack | RelayHello | Delta
+RELIABLE = (Metrics, Done, Bye, Delta)
 """Messages that carry data: sequenced, acknowledged, resent until acknowledged."""

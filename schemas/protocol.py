@@ -36,21 +36,24 @@ from schemas.messages import (
     STAT_KEYS as STAT_KEYS,
     Ack as Ack,
     Bye as Bye,
+    Delta as Delta,
     Done as Done,
     Heartbeat as Heartbeat,
     Hello as Hello,
     Limits as Limits,
+    Member as Member,
     Message as Message,
     Metrics as Metrics,
+    RelayHello as RelayHello,
     Table as Table,
     TableDecl as TableDecl,
     WireEntry as WireEntry,
 )
 
 VERSION = 2
-TAGS = {Hello: 21, Metrics: 22, Done: 23, Heartbeat: 24, Bye: 25}
+TAGS = {Hello: 21, Metrics: 22, Done: 23, Heartbeat: 24, Bye: 25, RelayHello: 27, Delta: 28}
 """The type tag of each version-2 message (the first element of its array)."""
-_DECODER = msgspec.msgpack.Decoder(Hello | Metrics | Done | Heartbeat | Bye)
+_DECODER = msgspec.msgpack.Decoder(Hello | Metrics | Done | Heartbeat | Bye | RelayHello | Delta)
 _ENCODER = msgspec.msgpack.Encoder()
 _PATH = re.compile(r"at `\$((?:\[\d+\])*)`")
 _MAP_FIRST_BYTES = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
@@ -113,6 +116,11 @@ def encode_bye(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:
     return _ENCODER.encode(Bye(producer, seq, dict(stats)))
 
 
+def encode(msg: Message) -> bytes:
+    """Any version-2 message struct (the relay's own messages are built as structs)."""
+    return _ENCODER.encode(msg)
+
+
 # ---------------------------------------------------------------------------- decoding
 
 
@@ -164,6 +172,18 @@ def _checked(msg: Message, limits: Limits) -> Message:
         for decl in msg.tables:
             Table.checked(decl.names, decl.kinds, limits)
         return msg
+    if type(msg) is RelayHello:
+        for decl in msg.tables:
+            Table.checked(decl.names, decl.kinds, limits)
+        for member in msg.members:
+            lab = limits.max_label_length
+            if not (0 < len(member.run) <= lab and 0 < len(member.role) <= lab):
+                raise SchemaError("bad_field", "a member's run and role must be 1..128 characters")
+            if member.rank >= member.world_size:
+                raise SchemaError("bad_field", "a member's rank is not below its world size")
+        return msg
+    if type(msg) is Delta and not len(msg.run) <= limits.max_label_length:
+        raise SchemaError("bad_field", "a delta's run name is too long")
     if type(msg) in (Heartbeat, Bye):
         stats = protocol_v1.checked_stats(msg.stats)  # type: ignore[union-attr]
         return type(msg)(msg.producer, msg.seq, stats)  # type: ignore[call-arg]

@@ -1,0 +1,184 @@
+"""Relay semantics in process: two relays and a root, checked against one collector that sees
+every rank. The records a relay emits go to the root as its upstream sink would send them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collector.aggregator import Aggregator
+from collector.config import CollectorConfig
+from collector.relay import HEARTBEAT_S, RelayAggregator, RelayRecord
+from schemas import Summary, metrics as M, protocol as P
+from schemas.messages import Member, TableDecl
+from schemas.record import StepRecord
+from tests.collector.helpers import hello, metrics
+
+ADV, LOSS = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name
+TIMING = {"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0}
+
+
+class Relay:
+    """A relay aggregator and what its upstream sink would have sent so far."""
+
+    def __init__(self, relay_id: int, root: Aggregator, clock: list[float]) -> None:
+        config = CollectorConfig(upstream="tcp://127.0.0.1:1", trackers={}, **TIMING)  # type: ignore[arg-type]
+        self.agg = RelayAggregator(self._forward, config)
+        self.agg.relay_id = relay_id
+        self.root, self.clock = root, clock
+        self.tables: dict[int, TableDecl] = {}
+        self.members: dict[int, Member] = {}
+        self.sent: list[RelayRecord] = []
+
+    def _forward(self, record: RelayRecord) -> None:
+        self.sent.append(record)
+        now = self.clock[0]
+        if record.kind == "announce":
+            self.tables.update((t.id, t) for t in record.tables)
+            self.members.update((m.producer, m) for m in record.members)
+            msg = P.RelayHello(
+                self.agg.relay_id, 1, "h", 1, list(self.tables.values()), list(self.members.values())
+            )
+            self.root.handle(msg, now)
+        elif record.kind == "delta":
+            self.root.handle(P.decode(record.message), now)
+        elif record.kind == "heartbeat":
+            self.root.handle(P.Heartbeat(self.agg.relay_id, 0, {}), now)
+
+
+class Tiers:
+    """Relays A and B under a root, and a reference collector fed the same messages."""
+
+    def __init__(self) -> None:
+        self.clock = [0.0]
+        self.out: list[StepRecord] = []
+        self.ref_out: list[StepRecord] = []
+        self.root = Aggregator(self.out.append, CollectorConfig(**TIMING))
+        self.ref = Aggregator(self.ref_out.append, CollectorConfig(**TIMING))
+        self.relays = {"A": Relay(0xA, self.root, self.clock), "B": Relay(0xB, self.root, self.clock)}
+
+    def send(self, via: str, *msgs: P.Message) -> None:
+        for m in msgs:
+            self.relays[via].agg.handle(m, self.clock[0])
+            self.ref.handle(m, self.clock[0])
+        self.poll()
+
+    def poll(self) -> None:
+        now = self.clock[0]
+        for relay in self.relays.values():
+            relay.agg.poll(now)
+        self.root.poll(now)
+        self.ref.poll(now)
+
+    def tick(self, seconds: float) -> None:
+        self.clock[0] += seconds
+        self.poll()
+
+    def same_as_reference(self) -> None:
+        assert [r.step for r in self.out] == [r.step for r in self.ref_out]
+        for got, want in zip(self.out, self.ref_out, strict=True):
+            assert (got.partial, got.ranks, got.missing) == (want.partial, want.ranks, want.missing)
+            assert got.metrics.keys() == want.metrics.keys()
+            for name, value in want.metrics.items():
+                assert got.metrics[name] == pytest.approx(value, rel=1e-12, abs=1e-12), name
+            assert got.roles == want.roles
+
+
+def samples(rank: int, step: int) -> np.ndarray:
+    rng = np.random.default_rng(100 * rank + step)
+    return rng.normal(rank, 1.0, int(rng.integers(1, 500)))
+
+
+def log_step(t: Tiers, via: str, pid: int, rank: int, step: int) -> None:
+    x = samples(rank, step)
+    t.send(via, metrics(pid, step, {ADV: Summary.of_samples(x.tolist()), LOSS: float(rank + step)}))
+
+
+def test_each_tier_waits_for_its_own_ranks_only() -> None:
+    t = Tiers()
+    t.send("A", hello(1, rank=0, ws=4), hello(2, rank=1, ws=4))
+    t.send("B", hello(3, rank=2, ws=4), hello(4, rank=3, ws=4))
+    for pid, rank, via in ((1, 0, "A"), (2, 1, "A")):
+        log_step(t, via, pid, rank, 0)
+        t.send(via, P.Done(pid, 2, 0))
+    deltas = [r for r in t.relays["A"].sent if r.kind == "delta" and r.step == 0]
+    assert len(deltas) == 1, "relay A forwards step 0 once its two ranks are in"
+    assert not t.out, "the root still waits for relay B's ranks"
+    for pid, rank in ((3, 2), (4, 3)):
+        log_step(t, "B", pid, rank, 0)
+        t.send("B", P.Done(pid, 2, 0))
+    assert [r.step for r in t.out] == [0]
+    t.same_as_reference()
+    x = np.concatenate([samples(r, 0) for r in range(4)])
+    assert t.out[0].metrics[f"{ADV}/mean"] == pytest.approx(x.mean(), rel=1e-12)
+    assert t.out[0].metrics[f"{ADV}/max"] == x.max()
+
+
+def test_a_rank_that_registers_after_its_relay_forwarded_a_step_goes_in_a_second_delta() -> None:
+    t = Tiers()
+    t.send("A", hello(1, rank=0, ws=2))
+    log_step(t, "A", 1, 0, 0)
+    t.send("A", P.Done(1, 2, 0))
+    first = [r for r in t.relays["A"].sent if r.kind == "delta" and r.step == 0]
+    assert len(first) == 1, "relay A knows only rank 0 and forwards step 0 without waiting"
+    assert not t.out, "the root waits for rank 1, which the world size says exists"
+    t.send("B", hello(2, rank=1, ws=2))
+    log_step(t, "B", 2, 1, 0)
+    t.send("B", P.Done(2, 2, 0))
+    assert [r.step for r in t.out] == [0]
+    t.same_as_reference()
+    assert t.root.health.late == 0
+
+
+def test_the_same_relay_forwards_a_late_registered_rank_as_another_delta_for_the_step() -> None:
+    t = Tiers()
+    t.send("A", hello(1, rank=0, ws=2))
+    log_step(t, "A", 1, 0, 0)
+    t.send("A", P.Done(1, 2, 0))
+    t.send("A", hello(2, rank=1, ws=2))
+    log_step(t, "A", 2, 1, 0)
+    t.send("A", P.Done(2, 2, 0))
+    deltas = [r for r in t.relays["A"].sent if r.kind == "delta" and r.step == 0]
+    assert len(deltas) == 2, "step 0 reopened at the relay for rank 1, never dropped as late"
+    assert t.relays["A"].agg.health.late == 0
+    assert [r.step for r in t.out] == [0]
+    t.same_as_reference()
+
+
+def test_a_rank_gone_behind_a_relay_is_not_waited_for_at_the_root() -> None:
+    t = Tiers()
+    t.send("A", hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    log_step(t, "A", 1, 0, 0)
+    t.send("A", P.Done(1, 2, 0))
+    for _ in range(int(TIMING["liveness_s"] / HEARTBEAT_S) + 2):  # rank 1 falls silent
+        t.send("A", P.Heartbeat(1, 0, {}))
+        t.tick(HEARTBEAT_S)
+    assert [r.step for r in t.out] == [0]
+    assert t.out[0].partial and t.out[0].missing == ("actor_train/1",)
+    t.same_as_reference()
+    gone = [m for m in t.relays["A"].members.values() if m.gone]
+    assert [m.rank for m in gone] == [1], "the relay announced its verdict"
+
+
+def test_a_silent_relay_keeps_its_ranks_alive_at_the_root_with_heartbeats() -> None:
+    t = Tiers()
+    t.send("A", hello(1, rank=0, ws=2))
+    t.send("B", hello(2, rank=1, ws=2))
+    log_step(t, "A", 1, 0, 0)
+    log_step(t, "B", 2, 1, 0)
+    for _ in range(3 * int(TIMING["liveness_s"] / HEARTBEAT_S)):  # a long step 1
+        t.send("A", P.Heartbeat(1, 0, {}))
+        t.send("B", P.Heartbeat(2, 0, {}))
+        t.tick(HEARTBEAT_S)
+    assert not t.out, "step 0 is open at both relays; the root waits and presumes no one gone"
+    assert any(r.kind == "heartbeat" for r in t.relays["A"].sent)
+    t.send("A", P.Done(1, 2, 0))
+    t.send("B", P.Done(2, 2, 0))
+    assert [r.step for r in t.out] == [0] and not t.out[0].partial
+    t.same_as_reference()
+
+
+def test_a_relay_does_not_take_another_relay() -> None:
+    t = Tiers()
+    t.relays["A"].agg.handle(P.RelayHello(0xC, 1, "h", 1), 0.0)
+    assert t.relays["A"].agg.health.malformed["relay_of_relay"] == 1

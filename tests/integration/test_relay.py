@@ -1,0 +1,127 @@
+"""Two tiers: relays merge their own ranks and forward states to a root, whose output is what
+one collector of every rank would write: exact, every step once, nothing partial, also when a
+relay is SIGKILLed and restarted on its state_dir."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import free_port
+from collector.launch import start_collector
+from tests.integration.workload import expected, run_rank
+
+SPAWN = mp.get_context("spawn")
+RANKS, STEPS = 6, 40
+LAYOUT = [("actor_train", r) for r in range(RANKS)]
+
+
+def root(tmp_path: Path):
+    out = tmp_path / "root.jsonl"
+    config = {
+        "track_with": ["jsonl"],
+        "tracker_kwargs": {"jsonl": {"path": str(out)}},
+        "state_dir": str(tmp_path / "root-state"),
+        "settle_s": 0,
+        "grace_s": 120,
+        "liveness_s": 60,
+        "max_open_steps": 1000,
+    }
+    log = (tmp_path / "root.log").open("a")
+    return start_collector(config, stderr=log, stdout=subprocess.DEVNULL), out
+
+
+def relay(tmp_path: Path, name: str, upstream: str, bind: str):
+    config = {
+        "upstream": upstream,
+        "state_dir": str(tmp_path / f"{name}-state"),
+        "settle_s": 1,
+        "grace_s": 120,
+        "liveness_s": 60,
+        "max_open_steps": 1000,
+        "checkpoint_s": 0.5,
+    }
+    log = (tmp_path / f"{name}.log").open("a")
+    return start_collector(config, bind=bind, stderr=log, stdout=subprocess.DEVNULL)
+
+
+def ranks(addresses: list[str], run: str, **kwargs) -> list:
+    """Ranks 0..RANKS-1, split over ``addresses`` round-robin, started together."""
+    procs = [
+        SPAWN.Process(
+            target=run_rank,
+            args=(addresses[rank % len(addresses)], run, role, rank, RANKS, STEPS),
+            kwargs=kwargs,
+        )
+        for role, rank in LAYOUT
+    ]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def check(out: Path, run: str) -> None:
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    mine = [r for r in records if r["run"] == run]
+    assert [r["step"] for r in mine] == list(range(STEPS)), "every step once, in order"
+    for record in mine:
+        assert not record["partial"] and record["ranks"] == RANKS, record["missing"]
+        want = expected(LAYOUT, record["step"])
+        for name, value in want.items():
+            assert record["metrics"][name] == pytest.approx(value, rel=1e-12, abs=1e-12), name
+
+
+def wait_for(path: Path, run: str, steps: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (
+            path.exists()
+            and sum(f'"run":"{run}"' in line for line in path.read_text().splitlines()) >= steps
+        ):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{run}: {steps} steps did not reach the root in {timeout_s} s")
+
+
+def test_two_relays_and_a_root_write_what_one_collector_would(tmp_path) -> None:
+    top, out = root(tmp_path)
+    relays = [
+        relay(tmp_path, f"relay{i}", top.address, f"tcp://127.0.0.1:{free_port()}")
+        for i in range(2)
+    ]
+    procs = ranks([r.address for r in relays], "tiers", pause=0.01)
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    wait_for(out, "tiers", STEPS)
+    for r in relays:
+        assert r.stop() == 0
+    assert top.stop() == 0
+    check(out, "tiers")
+
+
+def test_a_relay_killed_and_restarted_on_its_state_dir_loses_and_repeats_nothing(
+    tmp_path,
+) -> None:
+    top, out = root(tmp_path)
+    binds = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    relays = [relay(tmp_path, f"relay{i}", top.address, binds[i]) for i in range(2)]
+    procs = ranks(binds, "crash", pause=0.03, close_timeout_s=60)
+    time.sleep(2.0)
+    relays[0].proc.kill()  # SIGKILL mid-run: nothing flushed, nothing said
+    relays[0].proc.wait()
+    time.sleep(1.0)
+    relays[0] = relay(tmp_path, "relay0", top.address, binds[0])
+    for p in procs:
+        p.join(180)
+        assert p.exitcode == 0
+    wait_for(out, "crash", STEPS)
+    for r in relays:
+        assert r.stop() == 0
+    assert top.stop() == 0
+    check(out, "crash")
