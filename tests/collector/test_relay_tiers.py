@@ -37,7 +37,12 @@ class Relay:
             self.tables.update((t.id, t) for t in record.tables)
             self.members.update((m.producer, m) for m in record.members)
             msg = P.RelayHello(
-                self.agg.relay_id, 1, "h", 1, list(self.tables.values()), list(self.members.values())
+                self.agg.relay_id,
+                1,
+                "h",
+                1,
+                list(self.tables.values()),
+                list(self.members.values()),
             )
             self.root.handle(msg, now)
         elif record.kind == "delta":
@@ -55,7 +60,10 @@ class Tiers:
         self.ref_out: list[StepRecord] = []
         self.root = Aggregator(self.out.append, CollectorConfig(**TIMING))
         self.ref = Aggregator(self.ref_out.append, CollectorConfig(**TIMING))
-        self.relays = {"A": Relay(0xA, self.root, self.clock), "B": Relay(0xB, self.root, self.clock)}
+        self.relays = {
+            "A": Relay(0xA, self.root, self.clock),
+            "B": Relay(0xB, self.root, self.clock),
+        }
 
     def send(self, via: str, *msgs: P.Message) -> None:
         for m in msgs:
