@@ -35,9 +35,10 @@ from collector.durable import DurableState
 from collector.fanout import FanOut
 from collector.health import Health
 from collector.receiver import Endpoint, Receiver
-from collector.relay import RelayAggregator, UpstreamSink, relay_id
+from collector.relay import RelayAggregator
 from collector.sinks import build_sink
 from collector.sinks.base import Sink, SinkContext
+from collector.upstream import UpstreamSink, relay_id
 from schemas import protocol
 from schemas.metrics import CATALOG
 
