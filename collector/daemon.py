@@ -195,8 +195,13 @@ class Collector:
         while self._receive(BATCH):
             pass
         self._settle()
-        if self.durable is None:
-            self.aggregator.flush()  # in memory only: emit open steps now or lose them
+        if self.durable is None or self.config.upstream is not None:
+            # In memory only: emit open steps now or lose them. A relay forwards them: the
+            # root adds whatever its ranks send for them later, so nothing is made partial.
+            self.aggregator.flush()
+            if self.durable is not None:
+                self.durable.commit()
+                self.fanout.notify()
         else:
             open_steps = self.aggregator.open_steps()
             if open_steps:

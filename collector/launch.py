@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -50,6 +51,16 @@ class CollectorProcess:
         self.stop()
 
 
+def _term_when_parent_dies() -> None:
+    """In the child, before exec: SIGTERM when the process that started it dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def start_collector(
     config: CollectorConfig | Mapping[str, Any],
     *,
@@ -58,10 +69,13 @@ def start_collector(
     stdout: Any = None,
     stderr: Any = None,
     env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
 ) -> CollectorProcess:
     """Run ``python -m collector`` with ``config`` (a :class:`CollectorConfig`, or its YAML
     form, checked here first: a bad one raises ConfigError naming the field); ``bind``
-    overrides the config's, by default with a free loopback port (None keeps the config's)."""
+    overrides the config's, by default with a free loopback port (None keeps the config's).
+    With ``die_with_parent`` (Linux) the collector gets SIGTERM when this process dies, even
+    by SIGKILL: a collector run by a Ray actor goes with the actor."""
     if not isinstance(config, CollectorConfig):
         config = CollectorConfig.from_mapping(config)
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-collector-"))
@@ -79,7 +93,13 @@ def start_collector(
     ]
     if bind is not None:
         cmd += ["--bind", bind]
-    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=stdout,
+        stderr=stderr,
+        env={**os.environ, **(env or {})},
+        preexec_fn=_term_when_parent_dies if die_with_parent else None,
+    )
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if proc.poll() is not None:

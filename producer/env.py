@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Mapping
 
 from producer.transport import CurveKeys
@@ -12,8 +14,46 @@ ADDRESS_VAR = "RLPULSE_ADDRESS"
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
 
+RAY_NAMESPACE = "rlpulse"
+"""The Ray namespace of the collectors ``collector.onray`` starts."""
+
+
+def relay_actor_name(job_id: str, node_id: str) -> str:
+    """The name of the relay ``collector.onray`` runs for a Ray job on a node."""
+    return f"relay-{job_id}-{node_id}"
+
+
 def default_address(environ: Mapping[str, str] = os.environ) -> str:
-    return environ.get(ADDRESS_VAR) or DEFAULT_ADDRESS
+    """``RLPULSE_ADDRESS``; else, in a Ray job whose driver started collectors with
+    ``collector.onray``, the relay on this process's node; else ``tcp://127.0.0.1:5555``."""
+    return environ.get(ADDRESS_VAR) or node_relay_address() or DEFAULT_ADDRESS
+
+
+def node_relay_address(timeout_s: float = 30.0) -> str | None:
+    """The address of this node's relay when this process is a Ray driver or worker and its
+    job runs one (``collector.onray``); None otherwise. Ray is not imported here: a process
+    that has not imported it is not in a Ray job."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    name = relay_actor_name(context.get_job_id(), context.get_node_id())
+    try:
+        relay = ray.get_actor(name, namespace=RAY_NAMESPACE)
+    except ValueError:  # no relay on this node for this job
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(relay.address.remote(), timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.ActorUnavailableError:  # Ray is restarting it: wait
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+        except Exception as exc:  # a dead or stuck relay: say so, never guess another address
+            raise RuntimeError(
+                f"rlpulse: this node's relay {name!r} did not answer: {exc}"
+            ) from exc
 
 
 CURVE_SERVER_KEY_VAR = "RLPULSE_CURVE_SERVER_KEY"

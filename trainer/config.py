@@ -283,8 +283,18 @@ class ClusterConfig:
     """Move model and optimizer state off the device between phases (onload/offload)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     torch_threads: int = 1
+    collectors: Literal["one", "per_node"] = "one"
+    """``one``: the trainer starts one collector beside the driver. ``per_node``: a relay on
+    every Ray node and a root collector (``collector.onray``); workers find their node's
+    relay by themselves. Either way the ``collector`` section configures the one that writes."""
 
     def __post_init__(self) -> None:
+        _require(
+            self.collectors in ("one", "per_node"),
+            "cluster.collectors",
+            "must be one or per_node",
+            self.collectors,
+        )
         _require(
             self.actor_train_ranks >= 1,
             "cluster.actor_train_ranks",

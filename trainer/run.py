@@ -60,6 +60,19 @@ def producer_problems(stats: list[dict[str, int]]) -> dict[str, int]:
     return {k: v for k, v in totals.items() if v}
 
 
+def start_per_node(cfg: TrainerConfig) -> Any:
+    """A relay on every Ray node and the root, configured by the run's ``collector`` section."""
+    from collector.config import CollectorConfig
+    from collector.onray import RayCollectors, RayCollectorsConfig
+
+    root = CollectorConfig.from_mapping(cfg.collector).placed_under(cfg.run_dir).to_mapping()
+    tiers = RayCollectors.start(
+        RayCollectorsConfig(root=root, state_root=str(cfg.run_dir / "collectors"))
+    )
+    log.info("root collector at %s, relays on %d nodes", tiers.root_address, len(tiers.relays))
+    return tiers
+
+
 def train(cfg: TrainerConfig) -> RunResult:
     """Run ``cfg``; start a collector when ``cfg.collector_address`` is None."""
     import ray  # heavy: imported when a run starts, not when the module is
@@ -70,9 +83,10 @@ def train(cfg: TrainerConfig) -> RunResult:
     log.info("configuration saved to %s", save_config(cfg))
     torch.set_num_threads(cfg.cluster.torch_threads)
     torch.manual_seed(cfg.seed)
-    collector = None
+    collector = tiers = None
     address = cfg.collector_address
-    if address is None and cfg.metrics:
+    per_node = address is None and cfg.metrics and cfg.cluster.collectors == "per_node"
+    if address is None and cfg.metrics and not per_node:
         from collector.config import CollectorConfig
         from collector.launch import start_collector
 
@@ -85,6 +99,8 @@ def train(cfg: TrainerConfig) -> RunResult:
         task = build_task(cfg.task, seed=cfg.seed)
         weights = initial_weights(cfg, task)
         started_ray = init_ray(cfg)
+        if per_node:
+            tiers = start_per_node(cfg)
         workers = create_workers(cfg, address, weights)
         # The driver registers last, once every worker's producer has registered.
         producer = cfg.producer(address, DRIVER)
@@ -97,6 +113,8 @@ def train(cfg: TrainerConfig) -> RunResult:
             stats.append(producer.stats())
             producer.close()
             result.producer_problems = producer_problems(stats)
+            if tiers is not None:
+                tiers.stop()
             if started_ray:
                 ray.shutdown()
     finally:

@@ -53,7 +53,9 @@ def run_rank(
     close_timeout_s: float = 2.0,
     max_unacked: int = 10_000,
     stats_path: str | None = None,
-) -> None:
+) -> str:
+    """Log ``steps`` steps of ``rank_values``; returns the address the producer used
+    (``address`` None: the producer's default)."""
     p = Producer(
         address,
         run=run,
@@ -79,6 +81,7 @@ def run_rank(
                 time.sleep(pause)
     if stats_path:
         Path(stats_path).write_text(json.dumps({**p.stats(), "worst_log_s": worst}))
+    return p.address
 
 
 def expected(ranks: list[tuple[str, int]], step: int) -> dict[str, float]:

@@ -16,10 +16,11 @@ from trainer.tokenizer import build_tokenizer
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Who a worker is and where it reports: its rank in its role and the collector address."""
+    """Who a worker is and where it reports: its rank in its role and the collector address
+    (None: the producer's default, e.g. its node's relay under ``cluster.collectors: per_node``)."""
 
     cfg: TrainerConfig
-    collector_address: str
+    collector_address: str | None
     rank: int = 0
     world_size: int = 1
 
