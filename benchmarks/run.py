@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "caller_cost": (["--rounds", "20"], 420),
     "ingest": ([], 600),
     "latency": ([], 180),
+    "tiers": ([], 420),
     "overhead": ([], 300),
     "faults": ([], 180),
     "reduce_cost": ([], 600),
