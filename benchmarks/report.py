@@ -506,21 +506,29 @@ def section_tiers(tiers: dict[str, Any] | None, goals: list) -> list[str]:
         f"{c.get('root_us_per_message', math.nan):.0f} µs per delta + {c.get('root_us_per_value', math.nan):.3f} µs per "
         "value written. The root's load depends on relays and steps, not on ranks: that is what lets the job grow.",
         "",
-        f"On paper, from those costs, with each relay planned at {tiers['headroom']:.0%} of a core (one process is "
-        "one core at most; ranks end their steps together):",
+        f"On paper, from those costs, with relays only where one collector would need more than "
+        f"{tiers['headroom']:.0%} of a core, and each relay planned at that much (one process is one core at "
+        "most):",
         "",
-        "| ranks | metrics per rank | step | one collector would need | relays | each relay | the root |",
-        "|---|---|---|---|---|---|---|",
+        "| ranks | metrics per rank | step | one collector would need | relays | each relay | the root | a step's burst drained in |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for e in tiers["estimates"]:
+    from benchmarks.tiers import ESTIMATES, estimate
+
+    for e in (estimate(c, *shape) for shape in ESTIMATES) if len(c) == 6 else ():
+        relays = (
+            f"{e['relays']} | {e['relay_cores']:.2f} cores" if e["relays"] else "none needed | -"
+        )
         out.append(
             f"| {e['ranks']:,} | {e['metrics']} | {e['step_s']:.0f} s | {e['single_cores']:.2f} cores | "
-            f"{e['relays']} | {e['relay_cores']:.2f} cores | {e['root_cores']:.3f} cores |"
+            f"{relays} | {e['root_cores']:.3f} cores | {e['burst_s']:.2f} s |"
         )
     out += [
         "",
         "One collector is one Python thread, so past 1 core it falls behind: relays (one per node on Ray, "
-        "`collector.onray`) keep each tier under a core.",
+        "`collector.onray`) keep each tier under a core. The last column is latency, not load: every rank "
+        "ends a step at about the same moment, so the busiest tier has a step's messages to work through at "
+        "once; with relays they are worked through in parallel.",
         "",
     ]
     return out

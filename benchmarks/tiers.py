@@ -298,15 +298,20 @@ def estimate(costs: dict[str, float], ranks: int, metrics: int, step_s: float) -
         return (m * costs[f"{kind}_us_per_message"] + v * costs[f"{kind}_us_per_value"]) / 1e6
 
     single = load("single", msgs, values)
-    relays = max(1, math.ceil(load("relay", msgs, values) / HEADROOM))
+    relays = 0 if single <= HEADROOM else math.ceil(load("relay", msgs, values) / HEADROOM)
+    behind = max(relays, 1)
+    kind = "relay" if relays else "single"
     return {
         "ranks": ranks,
         "metrics": metrics,
         "step_s": step_s,
         "single_cores": single,
         "relays": relays,
-        "relay_cores": load("relay", msgs / relays, values / relays),
-        "root_cores": load("root", relays / step_s, metrics / step_s),
+        "relay_cores": load("relay", msgs / behind, values / behind) if relays else 0.0,
+        "root_cores": load("root", relays / step_s, metrics / step_s) if relays else single,
+        # every rank ends a step at about the same moment: the busiest tier works through
+        # one step's messages in this long (a step's worth of load, all at once)
+        "burst_s": load(kind, ranks / behind, ranks * metrics / behind),
     }
 
 
