@@ -26,11 +26,13 @@ from collector.derived import Throughput
 from collector.health import Health
 from collector.membership import FINISHED, Membership, ProducerInfo
 from collector.ratelog import RateLimitedLog
+from collector.spans import SpanReader
 from collector.steps import RunSteps, StepState
 from schemas import protocol
 from schemas.catalog import Catalog
 from schemas.metrics import CATALOG
 from schemas.record import StepRecord
+from schemas.spans import stragglers
 
 log = logging.getLogger("rlpulse.collector")
 
@@ -56,6 +58,7 @@ class Aggregator:
         self.membership = Membership(liveness_s=config.liveness_s, health=self.health)
         self.steps: dict[str, RunSteps] = {}
         self.totals: dict[str, Throughput] = {}
+        self.spans = SpanReader()
         self._ratelog = RateLimitedLog(log)
 
     @property
@@ -148,6 +151,9 @@ class Aggregator:
                 finished = self.membership.finished_slots(run.name, step)
                 state = run.open(step, now, finished, position)
         run.add(state, table, values, role_bit, prod.pid, t, nonfinite)
+        spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
+        if spans:
+            state.spans += spans
         if step - 1 > prod.watermark:
             self._advance(prod, step - 1, now)
 
@@ -215,6 +221,10 @@ class Aggregator:
                 continue
             row_roles = np.array([members.bits_of(o) for o in owners], dtype=np.int64)
             run.add_merged(state, table, values, row_roles, pids, (t_first, t_last), nonfinite)
+        for step, span in msg.spans:
+            state = run.steps.get(step)  # opened by the step's entries, unless they came late
+            if state is not None:
+                state.spans.append(span)
         for pid, watermark in msg.watermarks:
             member = self.membership.producers.get(pid)
             if member is not None and member.via == relay.pid:
@@ -261,6 +271,8 @@ class Aggregator:
     def _emit(self, run: RunSteps, state: StepState, missing: set) -> None:
         metrics, roles = run.close(state, self.membership.runs[run.name])
         self.totals[run.name].derive(state.t_last, metrics)
+        if state.spans:
+            metrics.update(stragglers(state.spans))
         record = StepRecord(
             run=run.name,
             step=state.step,
@@ -271,6 +283,7 @@ class Aggregator:
             nonfinite=dict(state.nonfinite),
             time=state.t_last,
             roles=roles,
+            spans=tuple(state.spans),
         )
         self.health.steps_emitted += 1
         if record.partial:

@@ -19,6 +19,8 @@ Prometheus name by these rules, following https://prometheus.io/docs/practices/n
 'rlpulse_system_tokens_total'
 >>> prom_metric("time/actor_train/train_step/total").name
 'rlpulse_time_actor_train_train_step_total_seconds'
+>>> m = prom_metric("straggler/actor_train/train_step/lag"); m.name, m.labels
+('rlpulse_straggler_lag_seconds', (('cluster', 'actor_train'), ('phase', 'train_step')))
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.catalog import Catalog
-from schemas.metrics import CATALOG
+from schemas.catalog import Catalog, Template
+from schemas.metrics import CATALOG, STRAGGLER
 
 PREFIX = "rlpulse_"
 
@@ -43,10 +45,17 @@ UNITS: dict[str, tuple[str, float]] = {
     "nats": ("nats", 1.0),
     "W": ("watts", 1.0),
     "celsius": ("celsius", 1.0),
+    "rank": ("", 1.0),
     "score": ("", 1.0),
     "1": ("", 1.0),
     "": ("", 1.0),
 }
+
+LABELLED: tuple[tuple[Template, tuple[str, ...]], ...] = ((STRAGGLER, ("cluster", "phase")),)
+"""Templates exported as one family per remaining parameter, these parameters as labels:
+``straggler/actor_train/train_step/lag`` is
+``rlpulse_straggler_lag_seconds{cluster="actor_train", phase="train_step"}``, so one alert
+covers every phase."""
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]+")
 _UNDERSCORES = re.compile(r"_{2,}")
@@ -67,6 +76,8 @@ class PromMetric:
     kind: Literal["gauge", "counter"]
     scale: float
     help: str
+    labels: tuple[tuple[str, str], ...] = ()
+    """Labels beyond ``run`` and ``role`` (a template's parameters exported as labels)."""
 
 
 def sanitize(name: str) -> str:
@@ -94,10 +105,18 @@ def prom_metric(name: str, catalog: Catalog = CATALOG) -> PromMetric:
     resolved = catalog.resolve(name)
     suffix, scale = UNITS.get(resolved.unit, ("", 1.0))
     body = sanitize(name)
+    labels: tuple[tuple[str, str], ...] = ()
+    for template, params in LABELLED:
+        found = template.match(name)
+        if found is not None:  # one family, the parameters as labels
+            body = sanitize(template.pattern.format(**{**found, **dict.fromkeys(params, "")}))
+            labels = tuple((p, found[p]) for p in params)
+            break
     if suffix and f"_{suffix}_" not in f"_{body}_":
         body = f"{body}_{suffix}"
     kind: Literal["gauge", "counter"] = "counter" if resolved.cumulative else "gauge"
     if kind == "counter" and not body.endswith("_total"):
         body += "_total"
     what = resolved.help or "Not in the rlpulse catalog; value as logged."
-    return PromMetric(f"{PREFIX}{body}", kind, scale, f"{what} (rlpulse name: {name})")
+    where = "" if labels else f" (rlpulse name: {name})"
+    return PromMetric(f"{PREFIX}{body}", kind, scale, f"{what}{where}", labels)

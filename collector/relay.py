@@ -254,11 +254,15 @@ class RelayAggregator(Aggregator):
         if self._dirty:  # a new table: announced before the delta that uses it
             self._send(RelayRecord("announce", tables=tuple(self._dirty)))
             self._dirty = []
-        self._forward(run.name, state.step, entries, marks)
+        spans = [(state.step, span) for span in state.spans]
+        self._forward(run.name, state.step, entries, marks, spans)
 
-    def _forward(self, run: str, step: int, entries: list, marks: list) -> None:
+    def _forward(
+        self, run: str, step: int, entries: list, marks: list, spans: list | None = None
+    ) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        message = protocol.encode(protocol.Delta(self.relay_id, seq, run, entries, marks))
+        delta = protocol.Delta(self.relay_id, seq, run, entries, marks, spans or [])
+        message = protocol.encode(delta)
         self._send(RelayRecord("delta", seq=seq, run=run, step=step, message=message))
 
     def _catch_up_watermarks(self) -> None:

@@ -29,6 +29,7 @@ from collector.ratelog import RateLimitedLog
 from schemas.catalog import Catalog, Resolved
 from schemas.messages import Table
 from schemas.reductions import Reduction
+from schemas.spans import Span
 from schemas.values import (
     MAX,
     MIN,
@@ -62,6 +63,8 @@ class StepState:
     first_done_at: float | None = None
     position: object = None
     """Write-ahead-log position of the step's first data: the log is needed from here on."""
+    spans: list[Span] = field(default_factory=list)
+    """Every rank's phases in the step (``collector.spans``)."""
 
     def grow(self, n: int) -> None:
         """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""

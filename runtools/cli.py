@@ -3,6 +3,7 @@
 ::
 
     python -m collector report RUN.jsonl [--run NAME] [--out report.png]
+    python -m collector report RUN.jsonl --timeline 3:6 [--trace RUN.trace.json] [--out t.png]
     python -m collector compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
                                 [--key ppo.actor_lr --key ppo.batch_size] [--format markdown|text]
                                 [--score NAME] [--kl NAME] [--out table.md]
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from collector.sinks.trace import trace_path
 from runtools.compare import (
     RUN_CONFIG,
     CompareError,
@@ -34,9 +36,12 @@ from runtools.compare import (
 )
 from runtools.report import ReportError, draw_report
 from runtools.runs import Run, RunFileError, load_run, load_runs
+from runtools.timeline import draw_timeline, load_trace, parse_steps
 
 
 def _report(args: argparse.Namespace, stdout: TextIO) -> int:
+    if args.timeline:
+        return _timeline(args, stdout)
     run = load_run(args.jsonl, args.run)
     out = Path(args.out) if args.out else _default_png(Path(args.jsonl), args.run)
     panels = draw_report(run, out)
@@ -44,6 +49,29 @@ def _report(args: argparse.Namespace, stdout: TextIO) -> int:
     print(
         f"{out}: {run.name}, {len(run.steps)} steps, {drawn}/{len(panels)} panels with data",
         file=stdout,
+    )
+    return 0
+
+
+def _timeline(args: argparse.Namespace, stdout: TextIO) -> int:
+    run = load_run(args.jsonl, args.run)
+    trace = (
+        Path(args.trace) if args.trace else trace_path(Path(args.jsonl).parent / "traces", run.name)
+    )
+    if not trace.exists():
+        raise ReportError(
+            f"{trace}: no trace file (the collector writes one with the `trace` tracker; "
+            "give its file with --trace)"
+        )
+    steps = parse_steps(args.timeline)
+    out = (
+        Path(args.out)
+        if args.out
+        else trace.with_name(f"{trace.name}-steps-{args.timeline.replace(':', '-')}.png")
+    )
+    bars = draw_timeline(load_trace(trace), steps, out)
+    print(
+        f"{out}: {run.name}, steps {steps.start}..{steps.stop - 1}, {bars} phase bars", file=stdout
     )
     return 0
 
@@ -111,6 +139,15 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("jsonl", help="the run's jsonl output (the jsonl sink's file)")
     rep.add_argument("--run", help="the run to draw when the file holds several")
     rep.add_argument("--out", help="PNG to write (default: <jsonl stem>-report.png beside it)")
+    rep.add_argument(
+        "--timeline",
+        metavar="STEPS",
+        help="draw a timeline of these steps instead (3, or 3:6 for 3..5): ranks as rows, "
+        "phases as bars, from the run's trace file",
+    )
+    rep.add_argument(
+        "--trace", help="the run's trace file (default: traces/<run>.trace.json beside the jsonl)"
+    )
     cmp_ = sub.add_parser("compare", help="a table comparing runs side by side")
     cmp_.add_argument("jsonl", nargs="+", help="jsonl files; every run in each is a row")
     cmp_.add_argument(

@@ -105,6 +105,8 @@ class Template:
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     units: Mapping[str, str] = field(default_factory=dict)
     """Per-parameter-value unit overrides: ``{"stat=max_allocated_frac": "ratio"}``."""
+    derived: bool = False
+    """Computed by the collector, never logged (as for an :class:`Entry`)."""
 
     def __post_init__(self) -> None:
         regex = ""
@@ -233,6 +235,7 @@ class Catalog:
                     template.unit_for(params),
                     template.help,
                     known=True,
+                    derived=template.derived,
                 )
         return None
 

@@ -21,6 +21,7 @@ from msgspec import Meta, Struct
 
 from schemas.errors import SchemaError
 from schemas.reductions import Reduction
+from schemas.spans import Span
 from schemas.values import WIDTH
 
 STAT_KEYS = (
@@ -229,6 +230,8 @@ class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
     run: str
     entries: list[tuple[U63, Finite, Finite, U63, bytes, dict[str, U63], list[U63], list[str]]]
     watermarks: list[tuple[U63, U63]]
+    spans: list[tuple[U63, Span]] = []
+    """``(step, span)``: the phases the relay's ranks ran (``schemas.spans``), kept per rank."""
 
 
 Message = Hello | Metrics | Done | Heartbeat | Bye | Ack | RelayHello | Delta

@@ -66,6 +66,7 @@ from schemas.topology import (  # the templates are defined with the topology, l
     GPU_UTILIZATION as GPU_UTILIZATION,
     MEMORY_CPU as MEMORY_CPU,
     MEMORY_GPU as MEMORY_GPU,
+    STRAGGLER as STRAGGLER,
     TIME_PHASE as TIME_PHASE,
     TIME_PHASE_GPU as TIME_PHASE_GPU,
 )
@@ -358,6 +359,7 @@ TEMPLATES: tuple[Template, ...] = (
     SERVE_ERRORS,
     TIME_PHASE,
     TIME_PHASE_GPU,
+    STRAGGLER,
     MEMORY_GPU,
     MEMORY_CPU,
     GPU_DEVICE_MEMORY,

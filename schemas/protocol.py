@@ -182,8 +182,13 @@ def _checked(msg: Message, limits: Limits) -> Message:
             if member.rank >= member.world_size:
                 raise SchemaError("bad_field", "a member's rank is not below its world size")
         return msg
-    if type(msg) is Delta and not len(msg.run) <= limits.max_label_length:
-        raise SchemaError("bad_field", "a delta's run name is too long")
+    if type(msg) is Delta:
+        lab = limits.max_label_length
+        if not len(msg.run) <= lab:
+            raise SchemaError("bad_field", "a delta's run name is too long")
+        for _, span in msg.spans:
+            if max(len(span.role), len(span.cluster), len(span.phase), len(span.host)) > 255:
+                raise SchemaError("bad_field", "a span's role, phase or host is too long")
     if type(msg) in (Heartbeat, Bye):
         stats = protocol_v1.checked_stats(msg.stats)  # type: ignore[union-attr]
         return type(msg)(msg.producer, msg.seq, stats)  # type: ignore[call-arg]

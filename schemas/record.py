@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from schemas.spans import Span
+
 _JSON = msgspec.json.Encoder()
 
 
@@ -29,7 +31,9 @@ class StepRecord:
     is in the step. ``nonfinite`` counts NaN/Inf samples producers dropped, by metric.
     ``time`` is the step's end on the producers' wall clock (the latest ``log()`` of any rank).
     ``roles`` maps each reported name to the role that logged it (several joined by ``+``);
-    derived metrics have none.
+    derived metrics have none. ``spans`` holds every rank's phases in the step
+    (``schemas.spans``): the outbox keeps them for the timeline sinks, while the JSON line
+    (:meth:`to_json`, the ``jsonl`` sink) leaves them out.
     """
 
     run: str
@@ -41,6 +45,7 @@ class StepRecord:
     nonfinite: Mapping[str, int] = field(default_factory=dict)
     time: float = 0.0
     roles: Mapping[str, str] = field(default_factory=dict)
+    spans: tuple[Span, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,10 +61,14 @@ class StepRecord:
         }
 
     def encode(self, **extra: Any) -> bytes:
-        """The JSON line of this record (floats round-trip exactly), with ``extra`` keys
-        beside ``record`` when given (the outbox's envelope)."""
+        """The JSON line of this record (floats round-trip exactly); with ``extra`` keys, the
+        outbox's envelope: ``extra`` beside ``record``, which then keeps the spans too."""
         obj = self.to_json()
-        return _JSON.encode({**extra, "record": obj} if extra else obj)
+        if not extra:
+            return _JSON.encode(obj)
+        if self.spans:
+            obj["spans"] = self.spans
+        return _JSON.encode({**extra, "record": obj})
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> StepRecord:
@@ -73,4 +82,5 @@ class StepRecord:
             nonfinite={str(k): int(v) for k, v in obj.get("nonfinite", {}).items()},
             time=float(obj.get("time", 0.0)),
             roles={str(k): str(v) for k, v in obj.get("roles", {}).items()},
+            spans=tuple(msgspec.convert(obj.get("spans", ()), list[Span])),
         )

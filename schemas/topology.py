@@ -57,6 +57,19 @@ TIME_PHASE = Template(
     "and unloading (offload) model state; the maximum across ranks.",
     choices={"phase": PHASES, "part": PARTS},
 )
+STRAGGLER = Template(
+    "straggler/{cluster}/{phase}/{stat}",
+    Reduction.LAST,
+    "s",
+    "The slowest rank of a phase in a step, from every rank's span of it (host seconds from "
+    "the phase's start to its end, summed over the rank's spans of that phase in the step): "
+    "lag is its time minus the median rank's, lag_ratio its time over the median's, "
+    "slowest_rank its rank. Only for phases that two or more ranks ran in the step. Computed "
+    "by the collector.",
+    choices={"phase": PHASES, "stat": ("lag", "lag_ratio", "slowest_rank")},
+    units={"stat=lag_ratio": "ratio", "stat=slowest_rank": "rank"},
+    derived=True,
+)
 _GPU_STATS = ("allocated", "reserved", "max_allocated", "max_reserved")
 _FRAC_STATS = ("max_allocated_frac", "max_reserved_frac")
 MEMORY_GPU = Template(

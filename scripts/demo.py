@@ -77,6 +77,12 @@ def main() -> int:
         "(taken before the demo's collector stopped)"
     )
     print(f"  curves:                           {report}")
+    trace = run_dir / "traces" / "demo.trace.json"
+    if trace.exists():
+        print(
+            f"  every rank's phases (timeline):   {trace} (open in https://ui.perfetto.dev), or\n"
+            f"    .venv/bin/python -m collector report {jsonl} --timeline 10:13"
+        )
     print(f"  configuration it ran with:        {run_dir / RUN_CONFIG}")
     print(
         f"  compare runs:                     .venv/bin/python -m collector compare {jsonl} "

@@ -313,7 +313,10 @@ class ClusterConfig:
 
 
 def _default_collector() -> dict[str, Any]:
-    return {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": "metrics.jsonl"}}}
+    return {
+        "track_with": ["jsonl", "trace"],
+        "tracker_kwargs": {"jsonl": {"path": "metrics.jsonl"}, "trace": {"dir": "traces"}},
+    }
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ SINKS: dict[str, str] = {
     "wandb": "collector.sinks.wandb:WandbSink",
     "swanlab": "collector.sinks.swanlab:SwanLabSink",
     "prometheus": "collector.sinks.prometheus:PrometheusSink",
+    "trace": "collector.sinks.trace:TraceSink",
+    "otlp": "collector.sinks.otlp:OtlpSink",
 }
 
 

@@ -292,8 +292,8 @@ class PrometheusSink(Sink):
         names = sorted(logged | self._counters) if runs else []
         for name in names:
             pm = prom_metric(name, self._ctx.catalog)
-            owner = taken.setdefault(pm.name, name)
-            if owner != name:
+            owner = taken.setdefault(pm.name, pm.name if pm.labels else name)
+            if owner != (pm.name if pm.labels else name):
                 self._warn_once(
                     f"clash:{name}",
                     "prometheus: %r and %r both map to %s; exporting %r only",
@@ -303,13 +303,17 @@ class PrometheusSink(Sink):
                     owner,
                 )
                 continue
-            family = families[pm.name] = _family(pm.name, pm.help, pm.kind, ["run", "role"], [])
+            family = families.get(pm.name)
+            if family is None:
+                label_names = ["run", "role", *(k for k, _ in pm.labels)]
+                family = families[pm.name] = _family(pm.name, pm.help, pm.kind, label_names, [])
+            extra = [v for _, v in pm.labels]
             for run, state in sorted(runs.items()):
                 if name in state[4]:
                     value, role = state[4][name]
-                    family.add_metric([run, role], value * pm.scale)
+                    family.add_metric([run, role, *extra], value * pm.scale)
                 elif name in self._counters:  # not grown yet; derived, so no role
-                    family.add_metric([run, ""], 0.0)
+                    family.add_metric([run, "", *extra], 0.0)
         yield from families.values()
 
     def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:

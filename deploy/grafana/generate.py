@@ -24,7 +24,7 @@ from collector.promnames import PREFIX, prom_metric
 from schemas import metrics as M
 from schemas.catalog import Entry, Template
 from schemas.reductions import Stat
-from schemas.topology import GENERATE, SERVE
+from schemas.topology import GENERATE, PHASES, SERVE
 
 HERE = Path(__file__).parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -317,6 +317,11 @@ def rl_overview() -> dict[str, Any]:
     )
 
 
+def straggler(stat: str) -> str:
+    """The Prometheus family of one straggler statistic (cluster and phase are labels)."""
+    return prom_metric(M.STRAGGLER.format(cluster="c", phase=PHASES[0], stat=stat)).name
+
+
 def throughput() -> dict[str, Any]:
     r = "{{run}}"
     part = template_regex(M.TIME_PHASE, [], part="total")
@@ -383,6 +388,22 @@ def throughput() -> dict[str, Any]:
             [(template_query(gpu_total, ["phase"]), f"{r} {{{{phase}}}}")],
             "s",
             description="time/{cluster}/{phase}/gpu/total, max across ranks (absent without CUDA).",
+        ),
+        panel(
+            "Stragglers: slowest rank behind the median rank",
+            [(f"{straggler('lag')}{{{RUN}}}", f"{r} {{{{cluster}}}}/{{{{phase}}}}")],
+            "s",
+            description="straggler/{cluster}/{phase}/lag: per step and phase, the slowest rank's "
+            "time minus the median rank's, from every rank's span (collector-derived). A line "
+            "that stays up is a rank holding every step back; the next panel says which.",
+        ),
+        panel(
+            "Stragglers: which rank is slowest",
+            [(f"{straggler('slowest_rank')}{{{RUN}}}", f"{r} {{{{cluster}}}}/{{{{phase}}}}")],
+            "none",
+            description="straggler/{cluster}/{phase}/slowest_rank. The same rank step after step "
+            "(a flat line) with a large lag fires RLPulsePersistentStraggler. The run's trace "
+            "(trace tracker; python -m collector report --timeline) shows the ranks side by side.",
         ),
     ]
     return dashboard(

@@ -104,11 +104,17 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
     with (tmp / "collector.log").open("w") as log:
         collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
     try:
-        producer = Producer(collector.address, run="names", role="actor_train")
+        # Two ranks, so the collector derives the stragglers of every phase too.
+        producers = [
+            Producer(collector.address, run="names", role="actor_train", rank=r, world_size=2)
+            for r in range(2)
+        ]
         for step in range(3):
-            producer.log(whole_catalog(step), step=step)
+            for producer in producers:
+                producer.log(whole_catalog(step), step=step)
             time.sleep(0.05)  # step wall time > 0, so system/tps exists
-        producer.close()
+        for producer in producers:
+            producer.close()
         deadline = time.monotonic() + 30
         while not out.exists() or len(out.read_text().splitlines()) < 3:
             assert time.monotonic() < deadline, (tmp / "collector.log").read_text()

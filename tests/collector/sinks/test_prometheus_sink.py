@@ -66,7 +66,9 @@ def test_latest_values_with_run_and_role_labels_in_base_units(
     last = records[-1]
     for name, value in last.metrics.items():
         pm = prom_metric(name)
-        labels = frozenset({"run": "r1", "role": last.roles.get(name, "")}.items())
+        labels = frozenset(
+            {"run": "r1", "role": last.roles.get(name, ""), **dict(pm.labels)}.items()
+        )
         assert got[(pm.name, labels)] == value * pm.scale, name
     assert got[("rlpulse_run_step", frozenset({("run", "r1")}))] == 2
     assert got[("rlpulse_run_ranks", frozenset({("run", "r1")}))] == 2

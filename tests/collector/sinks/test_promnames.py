@@ -60,12 +60,13 @@ def test_names_units_and_types(name: str, expected: str, kind: str, scale: float
 
 
 def test_every_catalog_name_is_valid_distinct_and_typed_by_the_catalog() -> None:
-    seen: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for name in CATALOG.output_names():
         metric = prom_metric(name)
         assert VALID.match(metric.name) and metric.name.startswith("rlpulse_"), name
         assert "__" not in metric.name and not metric.name.endswith("_"), name
-        assert seen.setdefault(metric.name, name) == name, f"{name} and {seen[metric.name]}"
+        series = (metric.name, metric.labels)  # a labelled family holds several names
+        assert seen.setdefault(series, name) == name, f"{name} and {seen[series]}"
         cumulative = CATALOG.resolve(name).cumulative
         assert (metric.kind == "counter") == cumulative
         assert metric.name.endswith("_total") == cumulative, name
