@@ -5,9 +5,11 @@ commands:
   python -m collector report RUN.jsonl [...]           a PNG of one run's main curves
   python -m collector compare A.jsonl B.jsonl [...]    a table comparing runs side by side
   python -m collector keygen DIR NAME [--force]        make a CurveZMQ key pair
+  python -m collector register --url URL --run R --role ROLE [...] [-- COMMAND ...]
+                                                       keep a /metrics endpoint registered
 
-``report``, ``compare`` and ``keygen`` take ``--help`` of their own. A bad configuration exits
-with status 2 and a message naming the field.
+``report``, ``compare``, ``keygen`` and ``register`` take ``--help`` of their own. A bad
+configuration exits with status 2 and a message naming the field.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])
+    if argv[:1] == ["register"]:
+        from producer.register import main as register
+
+        return register(argv[1:])
     if argv[:1] in (["report"], ["compare"]):
         from runtools.cli import main as run_tools
 

@@ -89,15 +89,21 @@ class Aggregator:
         with ``replay`` (recovery), data for steps already emitted is skipped silently."""
         kind = type(msg)
         if kind is protocol.Hello:
-            self._run(self.membership.register(msg, now).run)  # type: ignore[arg-type]
+            registered = self.membership.register(msg, now)  # type: ignore[arg-type]
+            if registered.logs:
+                self._run(registered.run)
             return
         if kind is protocol.RelayHello:
             self.membership.register_relay(msg, now)  # type: ignore[arg-type]
             for member in msg.members:  # type: ignore[union-attr]
-                self._run(member.run)
+                if member.logs:
+                    self._run(member.run)
             return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
+            return
+        if not prod.logs:
+            self._endpoint_only(prod, msg)
             return
         if kind is protocol.Metrics:
             run = self._run(prod.run)
@@ -115,6 +121,22 @@ class Aggregator:
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
             self._advance(prod, FINISHED, now)
+
+    def _endpoint_only(self, prod: ProducerInfo, msg: protocol.Message) -> None:
+        """A message of a producer that registered a metrics endpoint only: its counters and
+        its goodbye (which unlists the endpoint) apply; data, which it said it would not send,
+        is dropped and counted."""
+        if isinstance(msg, (protocol.Heartbeat, protocol.Bye)):
+            self.membership.note_stats(prod, msg.stats)
+            if isinstance(msg, protocol.Bye):
+                prod.watermark = FINISHED
+            return
+        self.health.reject("bad_field")
+        self._ratelog.warn(
+            f"endpoint-only:{prod.pid}",
+            f"{prod.role}/{prod.rank} of run {prod.run!r} registered a metrics endpoint only "
+            "(logs=False) yet sent data; dropped",
+        )
 
     def _entry(
         self,

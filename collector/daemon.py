@@ -31,6 +31,7 @@ import zmq
 from collector.aggregator import Aggregator
 from collector.config import CollectorConfig
 from collector.delivery import Delivery
+from collector.discovery import PUBLISH_S, Discovery
 from collector.durable import DurableState
 from collector.fanout import FanOut
 from collector.health import Health
@@ -72,6 +73,8 @@ class Collector:
         self._closed = False
         self._opened: list[Sink] = []
         self.durable: DurableState | None = None
+        self.discovery = Discovery()
+        self._discovery_due = 0.0
         self._endpoint: Endpoint | None = None
         self._zmq = zmq.Context()
         try:
@@ -82,7 +85,9 @@ class Collector:
 
     def _start(self, sinks: Mapping[str, Sink] | None, environ: Mapping[str, str]) -> None:
         config, clock = self.config, self._clock
-        ctx = SinkContext(catalog=CATALOG, health=self.health.snapshot)
+        ctx = SinkContext(
+            catalog=CATALOG, health=self.health.snapshot, scrape_targets=self.discovery.targets
+        )
         relay = None
         if config.upstream is not None:  # a relay: its one sink is the collector above
             relay = relay_id(config.state_dir)
@@ -156,8 +161,14 @@ class Collector:
         return self.health.messages_received - received
 
     def _settle(self) -> None:
-        """Emit what is due, make it durable, wake the sinks, then acknowledge."""
-        self.aggregator.poll(self._clock())
+        """Emit what is due, make it durable, wake the sinks, then acknowledge; now and then
+        publish the registered endpoints for service discovery."""
+        now = self._clock()
+        self.aggregator.poll(now)
+        if now >= self._discovery_due:
+            self._discovery_due = now + PUBLISH_S
+            self.discovery.publish(self.aggregator.membership.scrape_targets(now))
+            self.health.scrape_targets = len(self.discovery.targets())
         if self.durable is not None:
             self.durable.commit()
             self.fanout.notify()

@@ -136,6 +136,11 @@ class Health:
         "Producers registered since start-up (recovered ones included).",
         "gauge",
     )
+    scrape_targets = SelfMetric(
+        "rlpulse_collector_scrape_targets",
+        "Registered /metrics endpoints listed for Prometheus service discovery (/sd).",
+        "gauge",
+    )
 
     def __init__(self) -> None:
         for metric in self.declared():

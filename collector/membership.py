@@ -7,6 +7,10 @@ roles that have not registered yet are waited for by name instead of by the ``se
 window. A producer silent for ``liveness_s`` is presumed dead; so is a slot nobody registered
 within ``liveness_s`` of the run's first registration.
 
+A producer may register a Prometheus endpoint its process serves (``metrics_url``), listed for
+service discovery while it is alive (:meth:`Membership.scrape_targets`). One that only
+registers an endpoint (``logs`` false) is kept apart, in ``endpoints``: it is no rank of its run.
+
 >>> m = Membership(liveness_s=10.0, health=Health())
 >>> prod = m.register(protocol.Hello(1, 1, "r", "actor_train", 0, 2, "host", 1), now=0.0)
 >>> sorted(m.runs["r"].expected())
@@ -19,6 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from collector.discovery import ScrapeTarget
 from collector.health import Health
 from collector.ratelog import RateLimitedLog
 from schemas import protocol
@@ -51,6 +56,10 @@ class ProducerInfo:
     """The relay this producer reached us through (its liveness is the relay's)."""
     presumed_gone: bool = False
     """Its relay presumes it gone (a relay's own liveness verdict)."""
+    metrics_url: str = ""
+    """The Prometheus endpoint it registered ("" for none)."""
+    logs: bool = True
+    """False: it registered ``metrics_url`` only and is no rank of its run."""
 
     def declare(self, decls: Iterable[TableDecl]) -> None:
         """Take the tables of a hello (validated by the decoder)."""
@@ -129,15 +138,23 @@ class Membership:
         self.producers: dict[int, ProducerInfo] = {}
         self.relays: dict[int, ProducerInfo] = {}
         """Relays below this collector, by their producer id."""
+        self.endpoints: dict[int, ProducerInfo] = {}
+        """Producers that only register a metrics endpoint (``logs`` false), by id."""
+        self._scraped: dict[int, ProducerInfo] = {}
+        """Every producer, of either kind, that registered a metrics endpoint."""
         self.runs: dict[str, Members] = {}
         self._ratelog = RateLimitedLog(log)
 
     def register(self, msg: protocol.Hello, now: float) -> ProducerInfo:
-        """Apply a hello; a producer already known is only marked alive."""
+        """Apply a hello; a producer already known is only marked alive (and takes the
+        endpoint it says, a collector restarted without saved endpoints learning it again)."""
         prod = self.producers.get(msg.producer)
+        if prod is None and not msg.logs:
+            return self._register_endpoint(msg, now)
         if prod is not None:
             prod.last_seen = now
             prod.declare(msg.tables)
+            self._note_endpoint(prod, msg.metrics_url)
             return prod
         run = self.runs.get(msg.run)
         if run is None:
@@ -159,6 +176,7 @@ class Membership:
         )
         prod.declare(msg.tables)
         self.producers[msg.producer] = prod
+        self._note_endpoint(prod, msg.metrics_url)
         previous = run.slots.get(prod.slot)
         run.slots[prod.slot] = prod.pid
         run._expected = None  # a relay's expected ranks are the registered ones
@@ -182,6 +200,46 @@ class Membership:
         self.health.producers = len(self.producers)
         return prod
 
+    def _register_endpoint(self, msg: protocol.Hello, now: float) -> ProducerInfo:
+        """A producer that registers its metrics endpoint only: kept for discovery and
+        liveness, never a slot of its run."""
+        prod = self.endpoints.get(msg.producer)
+        if prod is None:
+            prod = self.endpoints[msg.producer] = ProducerInfo(
+                msg.producer, msg.run, msg.role, msg.rank, msg.world_size, msg.host, now
+            )
+            prod.logs = False
+            log.info(
+                "run %r: %s/%d registered the metrics endpoint %s (host %s)",
+                msg.run,
+                msg.role,
+                msg.rank,
+                msg.metrics_url,
+                msg.host,
+            )
+        prod.last_seen = now
+        self._note_endpoint(prod, msg.metrics_url)
+        return prod
+
+    def _note_endpoint(self, prod: ProducerInfo, url: str) -> None:
+        prod.metrics_url = url
+        if url:
+            self._scraped[prod.pid] = prod
+        else:
+            self._scraped.pop(prod.pid, None)
+
+    def scrape_targets(self, now: float) -> list[ScrapeTarget]:
+        """The registered endpoints to scrape now: of producers not finished, not presumed
+        gone, and (ranks) still holding their slot, not replaced by a newer process."""
+        out = []
+        for prod in self._scraped.values():
+            if prod.finished or self.silent(prod, now):
+                continue
+            if prod.logs and not self.holds_slot(prod):
+                continue
+            out.append(ScrapeTarget(prod.metrics_url, prod.run, prod.role, prod.rank, prod.host))
+        return out
+
     def register_relay(self, msg: protocol.RelayHello, now: float) -> ProducerInfo:
         """Apply a relay's hello: the relay itself (a producer of no run, whose tables its
         deltas use) and the producers behind it, registered as if they had said hello."""
@@ -195,7 +253,17 @@ class Membership:
         relay.declare(msg.tables)
         for m in msg.members:
             hello = protocol.Hello(
-                m.producer, 0, m.run, m.role, m.rank, m.world_size, m.host, 0, m.expected
+                m.producer,
+                0,
+                m.run,
+                m.role,
+                m.rank,
+                m.world_size,
+                m.host,
+                0,
+                m.expected,
+                metrics_url=m.metrics_url,
+                logs=m.logs,
             )
             prod = self.register(hello, now)
             prod.via = msg.producer
@@ -204,7 +272,7 @@ class Membership:
 
     def seen(self, pid: int, now: float) -> ProducerInfo | None:
         """The producer of a message, marked alive; None (counted) if it never registered."""
-        prod = self.producers.get(pid) or self.relays.get(pid)
+        prod = self.producers.get(pid) or self.relays.get(pid) or self.endpoints.get(pid)
         if prod is None:
             self.health.unknown_producer += 1
             return None
@@ -228,9 +296,12 @@ class Membership:
         if pid is None:
             return now - run.first_seen >= self.liveness_s
         prod = self.producers[pid]
-        if prod.finished:
-            return False
-        if prod.via is not None:  # behind a relay: its verdict, or the relay's own silence
+        return not prod.finished and self.silent(prod, now)
+
+    def silent(self, prod: ProducerInfo, now: float) -> bool:
+        """``prod`` is presumed dead: silent for ``liveness_s``; behind a relay, the relay's
+        verdict, or the relay's own silence."""
+        if prod.via is not None:
             relay = self.relays.get(prod.via)
             return prod.presumed_gone or relay is None or now - relay.last_seen >= self.liveness_s
         return now - prod.last_seen >= self.liveness_s

@@ -8,9 +8,10 @@ the same merge one collector of every rank would have done (up to the order of f
 additions). What a relay knows and the root needs travels with the data:
 
 * **members**: every producer behind the relay (its run, role, rank, world size, declared
-  topology), announced in the relay's hello (:class:`~schemas.messages.RelayHello`), again
-  when one joins or when the relay presumes one gone (silent for ``liveness_s``). The root
-  registers them as if they had said hello, so it waits for them and for nobody else's;
+  topology, registered metrics endpoint), announced in the relay's hello
+  (:class:`~schemas.messages.RelayHello`), again when one joins or when the relay presumes one
+  gone (silent for ``liveness_s``). The root registers them as if they had said hello, so it
+  waits for them and for nobody else's;
 * **deltas** (:class:`~schemas.messages.Delta`): for a step, the merged states of the ranks
   that finished it, and *watermarks*: each of those ranks has finished every step up to this
   one and all its data for them is forwarded. The root marks them done only then.
@@ -177,7 +178,12 @@ class RelayAggregator(Aggregator):
             self._send(RelayRecord("heartbeat"))
 
     def _member(self, prod: ProducerInfo, now: float) -> Member:
-        members = self.membership.runs[prod.run]
+        membership = self.membership
+        if prod.logs:
+            expected = dict(membership.runs[prod.run].expected_roles)
+            gone = membership.gone(prod.run, prod.slot, now)
+        else:  # an endpoint only: no rank to wait for, so gone once it said goodbye too
+            expected, gone = {}, prod.finished or membership.silent(prod, now)
         return Member(
             prod.pid,
             prod.run,
@@ -185,8 +191,10 @@ class RelayAggregator(Aggregator):
             prod.rank,
             prod.world_size,
             prod.host,
-            dict(members.expected_roles),
-            self.membership.gone(prod.run, prod.slot, now),
+            expected,
+            gone,
+            prod.metrics_url,
+            prod.logs,
         )
 
     def flush(self) -> None:
@@ -199,7 +207,8 @@ class RelayAggregator(Aggregator):
         """Members new or changed (joined, presumed gone, back), and tables new: an
         announcement record, ahead of any delta that needs it."""
         changed = []
-        for prod in self.membership.producers.values():
+        membership = self.membership
+        for prod in (*membership.producers.values(), *membership.endpoints.values()):
             member = self._member(prod, now)
             if self.announced.get(prod.pid) != member:
                 self.announced[prod.pid] = member

@@ -35,6 +35,8 @@ from producer.sender import DONE, FLUSH, LOG, Sender
 from producer.stats import Counters, combine
 from producer.transport import CurveKeys, Transport, ZmqTransport
 from schemas.catalog import Catalog
+from schemas.endpoint import MetricsUrl
+from schemas.errors import SchemaError
 from schemas.metrics import CATALOG
 from schemas.reductions import Reduction
 
@@ -59,6 +61,15 @@ class Producer:
     CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and bounds
     (:class:`~producer.config.ProducerConfig`).
 
+    ``metrics_url`` registers a Prometheus ``/metrics`` endpoint this process serves (a vLLM
+    server's, say): while the producer is open, the collector lists it for Prometheus' HTTP
+    service discovery, labelled with ``run``, ``role`` and ``rank``. A process that only
+    registers its endpoint passes ``logs=False``: it is then no rank of the run (the collector
+    never waits for it) and its ``log()`` calls are dropped::
+
+        Producer(run="r1", role="rollout", rank=0, world_size=4, logs=False,
+                 metrics_url="http://10.0.0.7:8000/metrics")
+
     Delivery is acknowledged: up to ``config.max_unacked`` messages are kept and resent until
     the collector has them in its write-ahead log, so a collector restart loses nothing.
 
@@ -76,6 +87,8 @@ class Producer:
         world_size: int = 1,
         expected_roles: Mapping[str, int] | None = None,
         reductions: Mapping[str, str | Reduction] | None = None,
+        metrics_url: str | None = None,
+        logs: bool = True,
         curve: CurveKeys | None = None,
         config: ProducerConfig = DEFAULT,
         transport: Transport | None = None,
@@ -92,9 +105,17 @@ class Producer:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if not (isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+        if metrics_url is not None:
+            try:
+                MetricsUrl.parse(metrics_url)
+            except SchemaError as exc:
+                raise ValueError(f"metrics_url: {exc.detail}") from None
+        if not logs and not metrics_url:
+            raise ValueError("logs=False registers a metrics endpoint only: give metrics_url")
         self.address = address or default_address()
         self.run, self.role, self.rank, self.world_size = run, role, rank, world_size
         self.config = config
+        self.logs = logs
         self._queue: deque = deque()
         self._wake = threading.Event()
         self._closed = False
@@ -107,7 +128,15 @@ class Producer:
         """GPU routing is decided once torch is imported (by the caller, never by us)."""
         self._counters = Counters()  # the caller's; the sender thread keeps its own
         self._phase_hooks = PhaseHooks(self._log, self._device_context, self._note_error)
-        identity = Identity(run, role, rank, world_size, dict(expected_roles or {}))
+        identity = Identity(
+            run,
+            role,
+            rank,
+            world_size,
+            dict(expected_roles or {}),
+            metrics_url=metrics_url or "",
+            logs=logs,
+        )
         declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
         self._sender = Sender(
             config=config,
@@ -160,6 +189,10 @@ class Producer:
             if self._closed:
                 c.invalid += 1
                 self._warn_once("closed", "log() after close(): dropped")
+                return
+            if not self.logs:
+                c.invalid += 1
+                self._warn_once("no-logs", "log() of a producer made with logs=False: dropped")
                 return
             if type(step) is not int or step < 0:
                 c.invalid += 1
@@ -242,7 +275,7 @@ class Producer:
         """Say this rank has finished every step up to ``step`` (logging a later step says so
         too). A rank that logs nothing at some steps calls this so the collector need not wait
         for it."""
-        if self._closed or type(step) is not int or step < 0:
+        if self._closed or not self.logs or type(step) is not int or step < 0:
             return
         self._queue.append((DONE, step))
         self._wake.set()

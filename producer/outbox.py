@@ -152,6 +152,10 @@ class Identity:
     world_size: int = 1
     expected: Mapping[str, int] = field(default_factory=dict)
     """The run's whole topology (role -> world size), when the producer knows it."""
+    metrics_url: str = ""
+    """The Prometheus endpoint this process serves, registered for discovery ("" for none)."""
+    logs: bool = True
+    """False: registers ``metrics_url`` only; the collector does not count it as a rank."""
 
 
 class Registration:
@@ -189,6 +193,8 @@ class Registration:
             world_size=ident.world_size,
             expected=ident.expected,
             tables=tables,
+            metrics_url=ident.metrics_url,
+            logs=ident.logs,
         )
 
     @property

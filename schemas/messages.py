@@ -136,7 +136,8 @@ class TableDecl(Struct, array_like=True, frozen=True, gc=False):
 class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     """Registration. ``seq`` is the producer's oldest unacknowledged sequence number: every
     reliable message below it has been acknowledged. ``tables`` (version 2) are every name
-    table the producer's entries refer to."""
+    table the producer's entries refer to. The last fields are optional, so a producer that
+    predates them still decodes (and a collector that predates them ignores them)."""
 
     producer: U63
     seq: U63
@@ -150,6 +151,12 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     """The run's whole topology, role -> world size, when the producer knows it: the
     collector then waits for roles that have not registered yet."""
     tables: list[TableDecl] = []
+    metrics_url: str = ""
+    """A Prometheus ``/metrics`` URL the producer's process serves (``schemas.endpoint``), for
+    the collector's service discovery; "" for none."""
+    logs: bool = True
+    """False: the producer only registers ``metrics_url`` and logs nothing, so it is no rank
+    of its run: the collector never waits for it."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
@@ -203,6 +210,9 @@ class Member(Struct, array_like=True, frozen=True, gc=False):
     host: str
     expected: dict[str, Size] = {}
     gone: bool = False
+    metrics_url: str = ""
+    logs: bool = True
+    """``metrics_url`` and ``logs`` as in :class:`Hello`."""
 
 
 class RelayHello(Struct, array_like=True, frozen=True, gc=False, tag=27):

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from schemas import protocol_v1
+from schemas.endpoint import MetricsUrl
 from schemas.errors import SchemaError
 from schemas.messages import (
     DEFAULT_LIMITS as DEFAULT_LIMITS,
@@ -75,6 +76,8 @@ def encode_hello(
     pid: int | None = None,
     expected: Mapping[str, int] | None = None,
     tables: Sequence[TableDecl] = (),
+    metrics_url: str = "",
+    logs: bool = True,
 ) -> bytes:
     return _ENCODER.encode(
         Hello(
@@ -88,6 +91,8 @@ def encode_hello(
             pid if pid is not None else os.getpid(),
             dict(expected or {}),
             list(tables),
+            metrics_url,
+            logs,
         )
     )
 
@@ -171,6 +176,7 @@ def _checked(msg: Message, limits: Limits) -> Message:
             raise SchemaError("bad_field", "a hello declares the same table number twice")
         for decl in msg.tables:
             Table.checked(decl.names, decl.kinds, limits)
+        _checked_endpoint(msg.metrics_url, msg.logs)
         return msg
     if type(msg) is RelayHello:
         for decl in msg.tables:
@@ -181,6 +187,7 @@ def _checked(msg: Message, limits: Limits) -> Message:
                 raise SchemaError("bad_field", "a member's run and role must be 1..128 characters")
             if member.rank >= member.world_size:
                 raise SchemaError("bad_field", "a member's rank is not below its world size")
+            _checked_endpoint(member.metrics_url, member.logs)
         return msg
     if type(msg) is Delta:
         lab = limits.max_label_length
@@ -193,6 +200,14 @@ def _checked(msg: Message, limits: Limits) -> Message:
         stats = protocol_v1.checked_stats(msg.stats)  # type: ignore[union-attr]
         return type(msg)(msg.producer, msg.seq, stats)  # type: ignore[call-arg]
     return msg
+
+
+def _checked_endpoint(metrics_url: str, logs: bool) -> None:
+    """A registered metrics URL is well formed; a producer that logs nothing registers one."""
+    if metrics_url:
+        MetricsUrl.parse(metrics_url)
+    elif not logs:
+        raise SchemaError("bad_field", "a producer that logs nothing must register a metrics URL")
 
 
 def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:

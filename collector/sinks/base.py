@@ -10,10 +10,11 @@ and may raise, and the fan-out retries and counts its failures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from collector.discovery import ScrapeTarget
 from schemas.catalog import Catalog
 from schemas.errors import ConfigError
 from schemas.metrics import CATALOG
@@ -22,6 +23,10 @@ from schemas.record import StepRecord
 
 def _no_health() -> Mapping[str, float]:
     return {}
+
+
+def _no_targets() -> Sequence[ScrapeTarget]:
+    return ()
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,15 @@ class Setting:
 class SinkContext:
     """What a sink may use besides its kwargs.
 
-    ``health`` returns a snapshot of the collector's own counters; ``defaults`` are settings
-    taken from outside the YAML, by the sink's own kwarg names (the environment variables a
-    sink class lists in ``ENV``, read by ``collector.env``, never by the sink).
+    ``health`` returns a snapshot of the collector's own counters; ``scrape_targets`` the
+    registered metrics endpoints (``collector.discovery``), from any thread; ``defaults`` are
+    settings taken from outside the YAML, by the sink's own kwarg names (the environment
+    variables a sink class lists in ``ENV``, read by ``collector.env``, never by the sink).
     """
 
     catalog: Catalog = CATALOG
     health: Callable[[], Mapping[str, Any]] = _no_health
+    scrape_targets: Callable[[], Sequence[ScrapeTarget]] = _no_targets
     defaults: Mapping[str, Setting] = field(default_factory=dict)
 
 

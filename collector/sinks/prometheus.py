@@ -9,7 +9,8 @@ and each run's cumulative catalog metrics (``system/tokens``, ``system/samples``
 first step, at 0.
 
 Per-rank series are not exported: a :class:`~schemas.record.StepRecord` carries only values
-pooled across ranks.
+pooled across ranks. The same server answers ``GET /sd``: the ``/metrics`` endpoints producers
+registered, for Prometheus' HTTP service discovery (``collector.discovery``).
 
 >>> from prometheus_client import generate_latest
 >>> sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext())
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from collector.discovery import with_discovery
 from collector.health import MALFORMED, PRODUCER_DROPPED, SINK_METRICS, Health
 from collector.promnames import prom_metric
 from collector.sinks.base import Sink, SinkContext, reject_unknown
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 # This module is imported only when a prometheus tracker is configured (collector.sinks.SINKS);
 # a missing library becomes a ConfigError with the install hint in from_kwargs.
 try:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
     from prometheus_client.process_collector import ProcessCollector
@@ -82,7 +84,8 @@ class _Run:
 
 
 class PrometheusSink(Sink):
-    """Serves the latest step values and collector health at ``http(s)://host:port/metrics``.
+    """Serves the latest step values and collector health at ``http(s)://host:port/metrics``,
+    and the registered endpoints for service discovery at ``/sd``.
 
     kwargs: ``port`` (required; 0 picks a free one, see :attr:`address`), ``host`` (default
     ``127.0.0.1``), ``certfile`` and ``keyfile`` (TLS, both or neither), ``max_runs`` (runs kept,
@@ -192,6 +195,9 @@ class PrometheusSink(Sink):
             raise ConfigError(
                 f"{FIELD}.host", f"cannot listen on {where}: {exc.strerror or exc}", self._host
             ) from None
+        # The server already runs; it reads its app at every request.
+        app = with_discovery(make_wsgi_app(self.registry), self._ctx.scrape_targets)
+        self._server.set_app(app)
 
     def write(self, record: StepRecord) -> None:
         """Keep the step's values for the next scrape; never touches the network."""

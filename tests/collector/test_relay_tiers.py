@@ -190,3 +190,23 @@ def test_a_relay_does_not_take_another_relay() -> None:
     t = Tiers()
     t.relays["A"].agg.handle(P.RelayHello(0xC, 1, "h", 1), 0.0)
     assert t.relays["A"].agg.health.malformed["relay_of_relay"] == 1
+
+
+def test_endpoints_behind_a_relay_are_listed_at_the_root_until_gone() -> None:
+    t = Tiers()
+    rank_url, engine_url = "http://10.0.0.7:9100/metrics", "http://10.0.0.7:8000/metrics"
+    engine = P.Hello(9, 1, "r", "rollout", 0, 1, "node-7", 1, metrics_url=engine_url, logs=False)
+    t.send("A", P.Hello(1, 1, "r", "actor_train", 0, 1, "node-7", 1, metrics_url=rank_url), engine)
+
+    def listed() -> list[tuple[str, str, int]]:
+        return sorted((s.url, s.role, s.rank) for s in t.root.membership.scrape_targets(t.clock[0]))
+
+    assert listed() == [(engine_url, "rollout", 0), (rank_url, "actor_train", 0)]
+    assert t.root.membership.endpoints[9].via == 0xA
+    log_step(t, "A", 1, 0, 0)
+    t.send("A", P.Done(1, 2, 0))
+    assert [r.step for r in t.out] == [0] and not t.out[0].partial, "never waits for the engine"
+    t.send("A", P.Bye(9, 2, {}))
+    assert listed() == [(rank_url, "actor_train", 0)], "the engine's goodbye reached the root"
+    later = t.clock[0] + TIMING["liveness_s"]  # relay A silent until then: all presumed gone
+    assert t.root.membership.scrape_targets(later) == []

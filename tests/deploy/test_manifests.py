@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from collector.config import CollectorConfig
+from collector.discovery import SD_PATH
 from tests.deploy.conftest import DEPLOY, ROOT
 
 K8S = DEPLOY / "k8s"
@@ -72,9 +73,11 @@ def test_compose_services_mounts_ports_and_scrape_target_agree() -> None:
     prom_port = str(config.trackers["prometheus"]["port"])
     assert published == {config.bind.rsplit(":", 1)[1], prom_port}
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    (job,) = prometheus["scrape_configs"]
-    assert job["job_name"] == "rlpulse-collector"
-    assert job["static_configs"][0]["targets"] == [f"collector:{prom_port}"]
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    assert set(jobs) == {"rlpulse-collector", "rlpulse-endpoints"}
+    assert jobs["rlpulse-collector"]["static_configs"][0]["targets"] == [f"collector:{prom_port}"]
+    (sd,) = jobs["rlpulse-endpoints"]["http_sd_configs"]  # the same server's service discovery
+    assert sd["url"] == f"http://collector:{prom_port}{SD_PATH}"
     prom_mounts = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
     assert prom_mounts["./prometheus/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
     assert prom_mounts["./prometheus/rules"] == "/etc/prometheus/rules"  # rules/*.yml, relative

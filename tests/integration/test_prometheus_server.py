@@ -7,15 +7,10 @@ Needs the ``prometheus`` and ``promtool`` binaries (Debian package ``prometheus`
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import socket
 import subprocess
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,9 +19,18 @@ from collector.promnames import prom_metric
 from collector.sinks.base import SinkContext
 from collector.sinks.prometheus import PrometheusSink
 from tests.collector.sinks.conftest import jsonl_view, make_records
+from tests.integration.promserver import (
+    PROMETHEUS,
+    PROMTOOL,
+    free_port,
+    get,
+    need,
+    prometheus as prometheus_server,
+    query,
+    scraped,
+    static_job,
+)
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 HEALTH = {
     "messages_received": 7,
     "events_received": 70,
@@ -42,17 +46,6 @@ HEALTH = {
 }
 
 
-def _need(binary: str) -> None:
-    if not Path(binary).exists():
-        pytest.skip(f"{Path(binary).name} is not installed: run scripts/install-system-deps.sh")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def sink() -> Iterator[PrometheusSink]:
     sink = PrometheusSink.from_kwargs(
@@ -63,88 +56,11 @@ def sink() -> Iterator[PrometheusSink]:
     sink.close()
 
 
-@contextlib.contextmanager
-def _prometheus(tmp_path: Path, target: str) -> Iterator[str]:
-    """A Prometheus server scraping ``target`` (host:port) every second; yields its base URL."""
-    _need(PROMETHEUS)
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: rlpulse\n    static_configs: [{{targets: ['{target}']}}]\n"
-    )
-    web = f"127.0.0.1:{_free_port()}"
-    with (tmp_path / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address={web}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-        try:
-            _wait(lambda: _get(f"http://{web}/-/ready") is not None, proc, "prometheus ready")
-            yield f"http://{web}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path, sink: PrometheusSink) -> Iterator[str]:
     host, port = sink.address
-    with _prometheus(tmp_path, f"{host}:{port}") as base:
+    with prometheus_server(tmp_path, static_job(f"{host}:{port}")) as base:
         yield base
-
-
-def _get(url: str) -> bytes | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.read()
-    except OSError:
-        return None
-
-
-def _wait(
-    ready: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 30.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, f"prometheus exited ({proc.returncode}) waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def _query(base: str, promql: str) -> list[dict]:
-    body = _get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
-    if body is None:
-        return []
-    answer = json.loads(body)
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
-
-
-def _targets(base: str) -> list[dict]:
-    body = _get(f"{base}/api/v1/targets")
-    targets = json.loads(body)["data"]["activeTargets"] if body else []
-    return [{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")} for t in targets]
-
-
-def _series(base: str, promql: str, timeout: float = 30.0) -> list[dict]:
-    """The query's result once Prometheus has scraped something for it."""
-    deadline = time.monotonic() + timeout
-    while not (result := _query(base, promql)):
-        assert time.monotonic() < deadline, f"nothing for {promql}: {_targets(base)}"
-        time.sleep(0.3)
-    return result
 
 
 def test_promql_returns_what_the_jsonl_sink_wrote(
@@ -162,25 +78,25 @@ def test_promql_returns_what_the_jsonl_sink_wrote(
         "memory/actor_train/train_step/end/onload/max_allocated/0",
     ]
     promql = {n: f'{prom_metric(n).name}{{run="run-1"}}' for n in names}
-    _series(prometheus, promql[names[-1]])
+    scraped(prometheus, promql[names[-1]])
     for name in names:
-        (series,) = _query(prometheus, promql[name])
+        (series,) = query(prometheus, promql[name])
         # Derived metrics have no role; Prometheus drops an empty label.
         assert series["metric"].get("role", "") == records[-1].roles.get(name, ""), name
         assert float(series["value"][1]) == expected[name] * prom_metric(name).scale, name
 
-    (health,) = _query(prometheus, 'rlpulse_sink_written_total{sink="jsonl"}')
+    (health,) = query(prometheus, 'rlpulse_sink_written_total{sink="jsonl"}')
     assert float(health["value"][1]) == 3
-    (up,) = _query(prometheus, 'up{job="rlpulse"}')
+    (up,) = query(prometheus, 'up{job="rlpulse"}')
     assert up["value"][1] == "1"
 
 
 def test_promtool_finds_nothing_wrong_with_a_live_scrape(sink: PrometheusSink) -> None:
-    _need(PROMTOOL)
+    need(PROMTOOL)
     for record in make_records("run-1", 2):  # every catalog name, and one outside it
         sink.write(record)
     host, port = sink.address
-    scrape = _get(f"http://{host}:{port}/metrics")
+    scrape = get(f"http://{host}:{port}/metrics")
     assert scrape is not None and b"rlpulse_system_tokens_total" in scrape
     check = subprocess.run(
         [PROMTOOL, "check", "metrics"], input=scrape, capture_output=True, timeout=60
@@ -190,11 +106,11 @@ def test_promtool_finds_nothing_wrong_with_a_live_scrape(sink: PrometheusSink) -
 
 def test_collector_daemon_end_to_end(tmp_path: Path) -> None:
     """Producer -> collector daemon (jsonl + prometheus sinks) -> Prometheus server -> PromQL."""
-    _need(PROMETHEUS)
+    need(PROMETHEUS)
     from collector.launch import start_collector
     from producer.client import Producer
 
-    out, port = tmp_path / "out.jsonl", _free_port()
+    out, port = tmp_path / "out.jsonl", free_port()
     config = {
         "track_with": ["jsonl", "prometheus"],
         "tracker_kwargs": {"jsonl": {"path": str(out)}, "prometheus": {"port": port}},
@@ -212,15 +128,15 @@ def test_collector_daemon_end_to_end(tmp_path: Path) -> None:
             time.sleep(0.2)
         last = json.loads(out.read_text().splitlines()[-1])
         assert last["step"] == 2
-        with _prometheus(tmp_path, f"127.0.0.1:{port}") as base:
+        with prometheus_server(tmp_path, static_job(f"127.0.0.1:{port}")) as base:
             for name in ("time/rollout", "critic/score/mean", "critic/score/max"):
                 pm = prom_metric(name)
-                (series,) = _series(base, f'{pm.name}{{run="e2e"}}')
+                (series,) = scraped(base, f'{pm.name}{{run="e2e"}}')
                 assert series["metric"]["role"] == "actor_train"
                 assert float(series["value"][1]) == last["metrics"][name] * pm.scale, name
-            (emitted,) = _series(base, "rlpulse_collector_steps_emitted_total")
+            (emitted,) = scraped(base, "rlpulse_collector_steps_emitted_total")
             assert float(emitted["value"][1]) == 3
-            (written,) = _series(base, 'rlpulse_sink_written_total{sink="jsonl"}')
+            (written,) = scraped(base, 'rlpulse_sink_written_total{sink="jsonl"}')
             assert float(written["value"][1]) == 3
     finally:
         assert collector.stop() == 0

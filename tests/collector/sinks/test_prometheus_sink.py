@@ -5,6 +5,7 @@ The scrape by a real Prometheus server is in tests/integration/test_prometheus_s
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import ssl
@@ -18,6 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from collector.discovery import ScrapeTarget
 from collector.promnames import prom_metric
 from collector.sinks.base import SinkContext
 from collector.sinks.prometheus import PrometheusSink
@@ -161,6 +163,27 @@ def test_serves_http_on_a_free_port_and_closes_twice(records: list[StepRecord]) 
     sink.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2)
+
+
+def test_the_same_server_answers_service_discovery_at_sd() -> None:
+    targets: list[ScrapeTarget] = []
+    sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext(scrape_targets=lambda: targets))
+    sink.open()
+    try:
+        host, port = sink.address
+        sd = f"http://{host}:{port}/sd"
+        with urllib.request.urlopen(sd, timeout=10) as response:
+            assert response.headers["Content-Type"] == "application/json"
+            assert json.loads(response.read()) == []
+        targets.append(ScrapeTarget("http://10.0.0.7:8000/metrics", "r1", "rollout", 2, "n7"))
+        with urllib.request.urlopen(sd, timeout=10) as response:
+            (group,) = json.loads(response.read())
+        assert group["targets"] == ["10.0.0.7:8000"]
+        assert group["labels"]["rank"] == "2" and group["labels"]["run"] == "r1"
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            assert b"rlpulse_run_step" in response.read()
+    finally:
+        sink.close()
 
 
 def test_tls(tmp_path: Path) -> None:
