@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlpulse-installed
-EXTRAS := trainer,trackers,report,dev,serve
+# bench: RL-Insight, benchmarked against in benchmarks/rl_insight.py (adds only omegaconf).
+EXTRAS := trainer,trackers,report,dev,serve,bench
 # verl and TRL (tests/integrations) live in an environment of their own: verl 0.9.1 pins
 # transformers<5.11, older than the trainer's, so they cannot share .venv.
 IVENV := .venv-integrations

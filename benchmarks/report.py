@@ -639,6 +639,13 @@ def render() -> Path:
         goals,
         "serving: locust's and the server's request counts agree at 1, 8 and 32 users; no errors",
     )
+    body += section_optional(
+        "## 10. Against RL-Insight",
+        _load("rl_insight"),
+        goals,
+        "against RL-Insight: log() median below its 60 `metric_gauge` calls; two ranks' values "
+        "for one name merged exactly",
+    )
     body += section_notes(cc, ing, lat)
     if cc:
         plot_caller(cc)

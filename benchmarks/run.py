@@ -35,6 +35,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "faults": ([], 180),
     "reduce_cost": ([], 600),
     "serve_load": ([], 300),
+    "rl_insight": ([], 300),
 }
 
 
@@ -100,6 +101,8 @@ def _versions() -> str:
         "swanlab",
         "tensorboard",
         "prometheus_client",
+        "ray",
+        "rl-insight",
     ):
         try:
             parts.append(f"{pkg} {version(pkg)}")
