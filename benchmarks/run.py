@@ -31,7 +31,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "ingest": ([], 600),
     "latency": ([], 180),
     "tiers": ([], 420),
-    "overhead": ([], 300),
+    "overhead": ([], 420),
     "faults": ([], 180),
     "reduce_cost": ([], 600),
     "serve_load": ([], 300),
