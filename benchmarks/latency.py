@@ -6,14 +6,21 @@ the step; then the last rank, a real :class:`producer.Producer`, calls ``log()``
 ``step_done()`` as the trainer's workers do, and the clock starts at that ``log()``. All ranks
 finish together, the worst case: the collector still has the other ranks' messages to work
 through when the last one arrives. The benchmark then watches the jsonl file (every 0.25 ms)
-and scrapes ``/metrics`` (every 2 ms, so /metrics figures carry up to ~2 ms of polling
-granularity) until the step shows in both, and waits 20 ms before the next step.
+until the step shows, and waits 20 ms before the next step.
+
+Each rank count runs twice. In the first pass nothing scrapes ``/metrics`` (the Prometheus sink
+still takes every step), as between a real Prometheus' scrapes (15 s apart by default): that
+pass gives the jsonl figures. The second pass also scrapes ``/metrics`` every 2 ms until the
+step shows there (so /metrics figures carry up to ~2 ms of polling granularity): 500 scrapes a
+second load the collector far beyond any real Prometheus, so its jsonl figures are reported
+apart, and the CPU one scrape costs the collector is measured on its own at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import subprocess
 import time
@@ -46,7 +53,27 @@ def _scrape_step(url: str, run: str) -> int:
     return int(float(m.group(1))) if m else -1
 
 
-def measure(ranks: int, steps: int, warmup: int, with_prometheus: bool) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape_cost(url: str, pid: int, n: int = 200) -> dict[str, float]:
+    """What one /metrics scrape costs the (otherwise idle) collector: CPU ms and body size."""
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        body = resp.read()
+    c0, t0 = _cpu_s(pid), time.perf_counter()
+    for _ in range(n):
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            resp.read()
+    wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - c0
+    return {"cpu_ms": cpu / n * 1e3, "wall_ms": wall / n * 1e3, "lines": body.count(b"\n")}
+
+
+def measure(
+    ranks: int, steps: int, warmup: int, with_prometheus: bool, scrape: bool
+) -> dict[str, Any]:
     work = Path(mkdtemp(prefix="rlpulse-latency-"))
     out = work / "out.jsonl"
     port = free_port()
@@ -90,7 +117,7 @@ def measure(ranks: int, steps: int, warmup: int, with_prometheus: bool) -> dict[
             producer.log(data, step=step)
             producer.step_done(step)
             seen_jsonl = math.nan
-            seen_prom = math.nan if with_prometheus else 0.0
+            seen_prom = math.nan if scrape else 0.0
             next_scrape = t0
             deadline = t0 + TIMEOUT_S
             while math.isnan(seen_jsonl) or math.isnan(seen_prom):
@@ -106,9 +133,10 @@ def measure(ranks: int, steps: int, warmup: int, with_prometheus: bool) -> dict[
                 time.sleep(0.00025)
             if step >= warmup:
                 jsonl_ms.append((seen_jsonl - t0) * 1e3)
-                if with_prometheus:
+                if scrape:
                     prom_ms.append((seen_prom - t0) * 1e3)
             time.sleep(0.02)
+        cost = scrape_cost(url, collector.proc.pid) if scrape else None
     finally:
         producer.close()
         sock.close()
@@ -122,9 +150,8 @@ def measure(ranks: int, steps: int, warmup: int, with_prometheus: bool) -> dict[
         "metrics": METRICS,
         "steps": len(jsonl_ms),
         "jsonl_ms": summarize([x for x in jsonl_ms if not math.isnan(x)]),
-        "prometheus_ms": summarize([x for x in prom_ms if not math.isnan(x)])
-        if with_prometheus
-        else None,
+        "prometheus_ms": summarize([x for x in prom_ms if not math.isnan(x)]) if scrape else None,
+        "scrape": cost,
         "missed": missed,
         "jsonl_samples": jsonl_ms,
         "prometheus_samples": prom_ms,
@@ -153,13 +180,31 @@ def main() -> None:
     why_not = prometheus_available()
     load0 = load_snapshot()
     results = []
+    prom = why_not is None
     for ranks in (int(r) for r in args.ranks.split(",")):
-        res = measure(ranks, args.steps, args.warmup, with_prometheus=why_not is None)
+        res = measure(ranks, args.steps, args.warmup, with_prometheus=prom, scrape=False)
+        scraped = (
+            measure(ranks, args.steps, args.warmup, with_prometheus=True, scrape=True)
+            if prom
+            else None
+        )
+        if scraped is not None:
+            res["prometheus_ms"] = scraped["prometheus_ms"]
+            res["prometheus_samples"] = scraped["prometheus_samples"]
+            res["jsonl_ms_scraped"] = scraped["jsonl_ms"]
+            res["scrape"] = scraped["scrape"]
+            res["missed"] += scraped["missed"]
         results.append(res)
         j, p = res["jsonl_ms"], res["prometheus_ms"]
         print(
             f"{ranks:4d} ranks: jsonl p50 {j['median']:.1f} ms p99 {j['p99']:.1f} ms"
-            + (f"; /metrics p50 {p['median']:.1f} ms p99 {p['p99']:.1f} ms" if p else "")
+            + (
+                f"; /metrics p50 {p['median']:.1f} ms p99 {p['p99']:.1f} ms (jsonl p50 "
+                f"{res['jsonl_ms_scraped']['median']:.1f} ms while scraped); a scrape costs "
+                f"{res['scrape']['cpu_ms']:.2f} ms of collector CPU"
+                if p
+                else ""
+            )
             + (f"; {res['missed']} missed" if res["missed"] else ""),
             flush=True,
         )

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from collector.discovery import with_discovery
 from collector.health import MALFORMED, PRODUCER_DROPPED, SINK_METRICS, Health
-from collector.promnames import prom_metric
+from collector.promnames import PromMetric, prom_metric
 from collector.sinks.base import Sink, SinkContext, reject_unknown
 from schemas.errors import REJECT_REASONS, ConfigError
 from schemas.record import StepRecord
@@ -46,9 +46,10 @@ if TYPE_CHECKING:
 # a missing library becomes a ConfigError with the install hint in from_kwargs.
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
-    from prometheus_client.process_collector import ProcessCollector
+
+    from collector.sinks.promexport import ProcessSnapshot, make_family, number
 except ImportError:  # pragma: no cover - exercised only without the optional dependency
     CollectorRegistry = None  # type: ignore[assignment,misc]
 
@@ -121,6 +122,8 @@ class PrometheusSink(Sink):
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
+        self._prom: dict[str, PromMetric] = {}
+        """Each reported name's Prometheus form, worked out on its first scrape."""
         # Each run's counters (tokens and samples trained on) are exported from its first
         # step, at 0 until they grow, so that rate() and increase() see the first increment.
         self._counters = frozenset(
@@ -130,7 +133,7 @@ class PrometheusSink(Sink):
             for out in entry.output_names().values()
         )
         self.registry.register(_StepCollector(self))
-        ProcessCollector(registry=self.registry)  # the collector's own CPU and memory
+        self.registry.register(ProcessSnapshot())  # the collector's own CPU and memory
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> PrometheusSink:
@@ -261,18 +264,18 @@ class PrometheusSink(Sink):
             )
             health = {}
         for metric in (*Health.declared(), PRODUCER_DROPPED):
-            value = _number(health.get(metric.key))
+            value = number(health.get(metric.key))
             if value is not None:
                 taken[metric.name] = "rlpulse"
-                yield _family(metric.name, metric.help, metric.kind, [], [([], value)])
+                yield make_family(metric.name, metric.help, metric.kind, [], [([], value)])
         malformed = health.get(MALFORMED.key)
         if isinstance(malformed, Mapping):
             # Every known reason from the start, at 0 until it occurs: increase() and the
             # malformed-messages alert need a series before the first reject to see it.
             counts = dict.fromkeys(REJECT_REASONS, 0.0)
-            counts.update((str(k), v) for k, v in malformed.items() if _number(v) is not None)
+            counts.update((str(k), v) for k, v in malformed.items() if number(v) is not None)
             taken[MALFORMED.name] = "rlpulse"
-            yield _family(
+            yield make_family(
                 MALFORMED.name,
                 MALFORMED.help,
                 MALFORMED.kind,
@@ -284,11 +287,11 @@ class PrometheusSink(Sink):
             for metric in SINK_METRICS:
                 samples = []
                 for sink_name, stats in sorted(sinks.items()):
-                    value = _number(stats.get(metric.key)) if isinstance(stats, Mapping) else None
+                    value = number(stats.get(metric.key)) if isinstance(stats, Mapping) else None
                     if value is not None:
                         samples.append(([str(sink_name)], value))
                 taken[metric.name] = "rlpulse"
-                yield _family(metric.name, metric.help, metric.kind, ["sink"], samples)
+                yield make_family(metric.name, metric.help, metric.kind, ["sink"], samples)
 
     def _metric_families(
         self, runs: Mapping[str, tuple], taken: dict[str, str]
@@ -297,7 +300,9 @@ class PrometheusSink(Sink):
         logged = {name for state in runs.values() for name in state[4]}
         names = sorted(logged | self._counters) if runs else []
         for name in names:
-            pm = prom_metric(name, self._ctx.catalog)
+            pm = self._prom.get(name)
+            if pm is None:
+                pm = self._prom[name] = prom_metric(name, self._ctx.catalog)
             owner = taken.setdefault(pm.name, pm.name if pm.labels else name)
             if owner != (pm.name if pm.labels else name):
                 self._warn_once(
@@ -312,7 +317,7 @@ class PrometheusSink(Sink):
             family = families.get(pm.name)
             if family is None:
                 label_names = ["run", "role", *(k for k, _ in pm.labels)]
-                family = families[pm.name] = _family(pm.name, pm.help, pm.kind, label_names, [])
+                family = families[pm.name] = make_family(pm.name, pm.help, pm.kind, label_names, [])
             extra = [v for _, v in pm.labels]
             for run, state in sorted(runs.items()):
                 if name in state[4]:
@@ -360,25 +365,6 @@ def _check_tls(certfile: str, keyfile: str) -> None:
             f"certfile and keyfile are swapped: {certfile!r} holds the private key and "
             f"{keyfile!r} the certificate",
         ) from None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _family(
-    name: str, help_: str, kind: str, labels: list[str], samples: list[tuple[list[str], float]]
-) -> Metric:
-    family: Metric
-    if kind == "counter":
-        family = CounterMetricFamily(name, help_, labels=labels)
-    else:
-        family = GaugeMetricFamily(name, help_, labels=labels)
-    for label_values, value in samples:
-        family.add_metric(label_values, value)
-    return family
 
 
 __all__ = ["PrometheusSink"]
