@@ -117,7 +117,7 @@ def draw_timeline(trace: Trace, steps: Iterable[int], path: str | Path) -> int:
     phases = sorted({b.phase for b in bars})
     colors = plt.get_cmap("tab10")
     color_of = {p: colors(i % 10) for i, p in enumerate(phases)}
-    fig, ax = plt.subplots(figsize=(12, 1.5 + 0.35 * len(rows)))
+    fig, ax = plt.subplots(figsize=(13.5, 1.5 + 0.35 * len(rows)))
     for b in bars:
         ax.broken_barh(
             [(b.start - t0, max(b.seconds, 1e-6))],
@@ -135,7 +135,7 @@ def draw_timeline(trace: Trace, steps: Iterable[int], path: str | Path) -> int:
     ax.set_xlabel("seconds")
     ax.set_title(f"{trace.run}: steps {min(wanted)}..{max(wanted)}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=color_of[p]) for p in phases]
-    ax.legend(handles, phases, loc="upper right", fontsize=8)
+    ax.legend(handles, phases, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
