@@ -470,6 +470,10 @@ def section_scale(ing: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _collectors(relays: int) -> str:
+    return "1 collector" if relays == 0 else f"{relays} relays + root"
+
+
 def section_tiers(tiers: dict[str, Any] | None, goals: list) -> list[str]:
     out = ["### Scale out: relays under a root", ""]
     if tiers is None:
@@ -486,7 +490,7 @@ def section_tiers(tiers: dict[str, Any] | None, goals: list) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for r in tiers["summary"]:
-        who = "1 collector" if r["relays"] == 0 else f"{r['relays']} relays + root"
+        who = _collectors(r["relays"])
         out.append(
             f"| {r['ranks']} x {r['metrics']} | {who} | {r['values_per_s'] / 1e6:.2f} M | "
             f"{r['cpu_us_per_value']:.3f} | {r['root_cpu_us_per_value']:.3f} | "
@@ -502,7 +506,7 @@ def section_tiers(tiers: dict[str, Any] | None, goals: list) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for r in tiers["latency"]:
-        who = "1 collector" if r["relays"] == 0 else f"{r['relays']} relays + root"
+        who = _collectors(r["relays"])
         out.append(
             f"| {r['ranks']} | {who} | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms | {_yes(r['valid'])} |"
         )

@@ -74,10 +74,11 @@ def _cpu(procs: list[psutil.Process]) -> list[float]:
 
 
 def _launch(
-    target: Any, tier: Tier, ranks: int, run: str, extra: tuple, progress: Any
+    target: Any, tier: Tier, ranks: int, run: str, extra: tuple, progress: list, seed: int
 ) -> tuple[list, Any, list]:
-    """The sender processes, rank ``i`` to the tier's entry ``i % len(entry)``."""
-    sims = wire.sim_ranks(range(ranks), seed=ranks * 31 + len(run))
+    """The sender processes, rank ``i`` to the tier's entry ``i % len(entry)``; sender ``i``
+    reports through ``progress[i]``."""
+    sims = wire.sim_ranks(range(ranks), seed=seed)
     go = SPAWN.Event()
     readies = [SPAWN.Event() for _ in range(SENDERS)]
     firsts = [SPAWN.RawValue("d", 0.0) for _ in range(SENDERS)]
@@ -85,7 +86,18 @@ def _launch(
     for i in range(SENDERS):
         mine = [(s.producer, s.rank) for s in sims if s.rank % SENDERS == i]
         address = tier.entry[i % len(tier.entry)]
-        args = (address, zmq.DEALER, mine, run, ranks, *extra, progress, readies[i], go, firsts[i])
+        args = (
+            address,
+            zmq.DEALER,
+            mine,
+            run,
+            ranks,
+            *extra,
+            progress[i],
+            readies[i],
+            go,
+            firsts[i],
+        )
         procs.append(SPAWN.Process(target=target, args=args, daemon=True))
     for p in procs:
         p.start()
@@ -109,7 +121,8 @@ def throughput(relays: int, ranks: int, metrics: int, steps: int) -> dict[str, A
         progress = SPAWN.RawValue("q", 0)
         run = f"tiers-{relays}-{ranks}x{metrics}"
         extra = (metrics, steps, _window(ranks, metrics))
-        procs, go, firsts = _launch(_sender, tier, ranks, run, extra, progress)
+        seed = ranks * 31 + len(run)
+        procs, go, firsts = _launch(_sender, tier, ranks, run, extra, [progress] * SENDERS, seed)
         time.sleep(0.5)  # registrations (and the relays' announcements) before the clock
         watched = tier.processes()
         cpu0 = _cpu(watched)
@@ -193,7 +206,9 @@ def latency(relays: int, ranks: int, metrics: int, steps: int, interval: float) 
     tier = Tier(relays)
     try:
         sents = [SPAWN.RawArray("d", steps) for _ in range(SENDERS)]
-        procs, go, _ = _launch_paced(tier, ranks, metrics, steps, interval, sents)
+        run = f"paced-{len(tier.relays)}-{ranks}"
+        extra = (metrics, steps, interval)
+        procs, go, _ = _launch(_paced, tier, ranks, run, extra, sents, seed=ranks * 37)
         time.sleep(0.5)
         tail = JsonlTail(tier.out)
         seen_at: dict[int, float] = {}
@@ -220,41 +235,6 @@ def latency(relays: int, ranks: int, metrics: int, steps: int, interval: float) 
         "p99_ms": float(np.percentile(lat, 99)) * 1e3 if lat else math.nan,
         **_check(tier.out, ranks, steps),
     }
-
-
-def _launch_paced(
-    tier: Tier, ranks: int, metrics: int, steps: int, interval: float, sents: list
-) -> tuple[list, Any, list]:
-    """Like ``_launch``, each sender with its own ``sent`` array."""
-    sims = wire.sim_ranks(range(ranks), seed=ranks * 37)
-    go = SPAWN.Event()
-    readies = [SPAWN.Event() for _ in range(SENDERS)]
-    firsts = [SPAWN.RawValue("d", 0.0) for _ in range(SENDERS)]
-    procs = []
-    run = f"paced-{len(tier.relays)}-{ranks}"
-    for i in range(SENDERS):
-        mine = [(s.producer, s.rank) for s in sims if s.rank % SENDERS == i]
-        args = (
-            tier.entry[i % len(tier.entry)],
-            zmq.DEALER,
-            mine,
-            run,
-            ranks,
-            metrics,
-            steps,
-            interval,
-            sents[i],
-            readies[i],
-            go,
-            firsts[i],
-        )
-        procs.append(SPAWN.Process(target=_paced, args=args, daemon=True))
-    for p in procs:
-        p.start()
-    for ev in readies:
-        if not ev.wait(60):
-            raise RuntimeError("a sender process did not start")
-    return procs, go, firsts
 
 
 def fit_costs(runs: list[dict[str, Any]]) -> dict[str, float]:

@@ -191,13 +191,17 @@ class Aggregator:
         """Data for a step already emitted: late (counted, never merged); when replaying the
         write-ahead log, data that went out with the step (skipped silently)."""
         if not replay:
-            self.health.late += 1
-            self._ratelog.warn(
-                f"late:{run.name}",
-                f"run {run.name!r}: {prod.role}/{prod.rank} logged step {step} after it was "
-                f"emitted (latest emitted {run.last_emitted}); not merged",
-            )
+            self._late(run, f"{prod.role}/{prod.rank}", step)
         return None
+
+    def _late(self, run: RunSteps, who: str, step: int) -> None:
+        """Count and report data for a step of ``run`` that was already emitted."""
+        self.health.late += 1
+        self._ratelog.warn(
+            f"late:{run.name}",
+            f"run {run.name!r}: {who} sent step {step} after it was emitted "
+            f"(latest emitted {run.last_emitted}); not merged",
+        )
 
     def _open_or_late(
         self, run: RunSteps, step: int, now: float, position: object, who: str
@@ -207,12 +211,7 @@ class Aggregator:
         if state is not None:
             return state
         if step <= run.last_emitted:
-            self.health.late += 1
-            self._ratelog.warn(
-                f"late:{run.name}",
-                f"run {run.name!r}: {who} sent step {step} after it was emitted "
-                f"(latest emitted {run.last_emitted}); not merged",
-            )
+            self._late(run, who, step)
             return None
         return run.open(step, now, self.membership.finished_slots(run.name, step), position)
 

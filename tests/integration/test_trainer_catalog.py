@@ -62,6 +62,20 @@ def _netns_prefix() -> list[str]:
     return ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
 
 
+def trainer_cmd(run: str, output_dir: Path, steps: int, *overrides: str) -> list[str]:
+    """``python -m trainer`` on the reverse task, in the loopback namespace when it can be,
+    with ``--set`` for each of ``overrides``."""
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    return [
+        *_netns_prefix(),
+        sys.executable,
+        "-m",
+        "trainer",
+        *("--config", "trainer/configs/reverse.yaml", "--steps", str(steps), "--run", run),
+        *("--output-dir", str(output_dir), "--no-progress", *sets),
+    ]
+
+
 def _cuda() -> bool:
     try:
         import torch

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from schemas import metrics as m
-from tests.integration.test_trainer_catalog import REPO, _netns_prefix
+from tests.integration.test_trainer_catalog import REPO, trainer_cmd
 
 STEPS = 30
 
@@ -19,23 +18,7 @@ STEPS = 30
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_ppo_raises_the_validation_score(tmp_path: Path) -> None:
-    cmd = [
-        *_netns_prefix(),
-        sys.executable,
-        "-m",
-        "trainer",
-        "--config",
-        "trainer/configs/reverse.yaml",
-        "--steps",
-        str(STEPS),
-        "--run",
-        "learn",
-        "--output-dir",
-        str(tmp_path),
-        "--no-progress",
-        "--set",
-        "val_every=10",
-    ]
+    cmd = trainer_cmd("learn", tmp_path, STEPS, "val_every=10")
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1700, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [

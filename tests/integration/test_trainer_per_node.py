@@ -7,36 +7,27 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainer_catalog import REPO, _netns_prefix
+from tests.integration.test_trainer_catalog import REPO, trainer_cmd
 
 pytestmark = pytest.mark.timeout(900)
 STEPS = 2
 
 
 def test_per_node_collectors_write_every_step_complete(tmp_path: Path) -> None:
-    cmd = [
-        *_netns_prefix(),
-        sys.executable,
-        "-m",
-        "trainer",
-        "--config",
-        "trainer/configs/reverse.yaml",
-        "--steps",
-        str(STEPS),
-        "--run",
+    cmd = trainer_cmd(
         "pernode",
-        "--output-dir",
-        str(tmp_path),
-        "--no-progress",
-        *("--set", "cluster.collectors=per_node", "--set", "sft.steps=10"),
-        *("--set", "task.val_prompts=8", "--set", "ppo.batch_size=16"),
-        *("--set", "rollout.max_new_tokens=4"),
-    ]
+        tmp_path,
+        STEPS,
+        "cluster.collectors=per_node",
+        "sft.steps=10",
+        "task.val_prompts=8",
+        "ppo.batch_size=16",
+        "rollout.max_new_tokens=4",
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "pernode"
