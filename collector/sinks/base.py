@@ -85,7 +85,3 @@ class Sink(Protocol):
         (with ``state_dir``, so a crash between a write and its cursor update does not
         duplicate a step). Sinks that cannot read their output back hold nothing."""
         return {}
-
-
-class SinkFactory(Protocol):
-    def from_kwargs(self, kwargs: Mapping[str, Any], ctx: SinkContext) -> Sink: ...
