@@ -10,6 +10,7 @@ and may raise, and the fan-out retries and counts its failures.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -61,6 +62,15 @@ def reject_unknown(kwargs: Mapping[str, Any], allowed: tuple[str, ...], field: s
         raise ConfigError(
             f"{field}.{unknown[0]}", f"unknown option; expected one of {', '.join(allowed)}"
         )
+
+
+def required_path(kwargs: Mapping[str, Any], key: str, field: str, what: str) -> str:
+    """The path a sink cannot run without, ``kwargs[key]``; a ConfigError naming
+    ``field.key`` and saying ``what`` it is for when it is missing or empty."""
+    value = kwargs.get(key)
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        raise ConfigError(f"{field}.{key}", f"is required: {what}", value)
+    return str(value)
 
 
 class Sink(Protocol):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
@@ -42,12 +42,9 @@ class JsonlSink(Sink):
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> JsonlSink:
         reject_unknown(kwargs, ("path",), "tracker_kwargs.jsonl")
-        path = kwargs.get("path")
-        if not isinstance(path, str) or not path:
-            raise ConfigError(
-                "tracker_kwargs.jsonl.path", "is required: the file to append steps to", path
-            )
-        return cls(path)
+        return cls(
+            required_path(kwargs, "path", "tracker_kwargs.jsonl", "the file to append steps to")
+        )
 
     def open(self) -> None:
         if self._file is not None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
@@ -62,10 +62,7 @@ class TensorBoardSink(Sink):
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> TensorBoardSink:
         """Validate ``tracker_kwargs`` for tensorboard (``log_dir``, required)."""
         reject_unknown(kwargs, _KEYS, FIELD)
-        log_dir = kwargs.get("log_dir")
-        if not isinstance(log_dir, str | os.PathLike) or not str(log_dir):
-            raise ConfigError(f"{FIELD}.log_dir", "is required: a directory path", log_dir)
-        path = Path(log_dir).expanduser()
+        path = Path(required_path(kwargs, "log_dir", FIELD, "a directory path")).expanduser()
         if path.exists() and not path.is_dir():
             raise ConfigError(f"{FIELD}.log_dir", "exists and is not a directory", str(path))
         try:

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, ClassVar
 
 import msgspec
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown
+from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from schemas.errors import ConfigError
 from schemas.record import StepRecord
 
@@ -62,12 +62,9 @@ class TraceSink(Sink):
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> TraceSink:
         reject_unknown(kwargs, ("dir",), "tracker_kwargs.trace")
-        directory = kwargs.get("dir")
-        if not isinstance(directory, str) or not directory:
-            raise ConfigError(
-                "tracker_kwargs.trace.dir", "is required: the folder of the trace files", directory
-            )
-        return cls(directory)
+        return cls(
+            required_path(kwargs, "dir", "tracker_kwargs.trace", "the folder of the trace files")
+        )
 
     def open(self) -> None:
         try:
