@@ -27,7 +27,7 @@ from collector.health import Health
 from collector.membership import FINISHED, Membership, ProducerInfo
 from collector.ratelog import RateLimitedLog
 from collector.spans import SpanReader
-from collector.steps import RunSteps, StepState
+from collector.steps import HARD_OPEN_FACTOR, RunSteps, StepState
 from schemas import protocol
 from schemas.catalog import Catalog
 from schemas.metrics import CATALOG
@@ -43,6 +43,10 @@ class Aggregator:
     Time is passed in (``now``, monotonic seconds) so tests drive it without sleeping.
     """
 
+    decides_attempts = True
+    """Whether this collector decides run attempts (``collector.membership``); a relay
+    forwards names and lets the collector above decide."""
+
     def __init__(
         self,
         emit: Callable[[StepRecord], None],
@@ -55,7 +59,9 @@ class Aggregator:
         self.config = config
         self.health = health or Health()
         self.catalog = catalog
-        self.membership = Membership(liveness_s=config.liveness_s, health=self.health)
+        self.membership = Membership(
+            liveness_s=config.liveness_s, health=self.health, attempts=self.decides_attempts
+        )
         self.steps: dict[str, RunSteps] = {}
         self.totals: dict[str, Throughput] = {}
         self.spans = SpanReader()
@@ -92,12 +98,15 @@ class Aggregator:
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
             if registered.logs:
                 self._run(registered.run)
+                self._withdraw_replaced(registered)
             return
         if kind is protocol.RelayHello:
             self.membership.register_relay(msg, now)  # type: ignore[arg-type]
             for member in msg.members:  # type: ignore[union-attr]
-                if member.logs:
-                    self._run(member.run)
+                prod = self.membership.producers.get(member.producer)
+                if member.logs and prod is not None:
+                    self._run(prod.run)
+                    self._withdraw_replaced(prod)
             return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
@@ -107,6 +116,9 @@ class Aggregator:
             return
         if kind is protocol.Metrics:
             run = self._run(prod.run)
+            if not self.membership.holds_slot(prod):
+                self._conflict(prod, len(msg.entries), replay)  # type: ignore[union-attr]
+                return
             bit = self.membership.runs[prod.run].role_bits[prod.role]
             for entry in msg.entries:  # type: ignore[union-attr]
                 self._entry(run, prod, bit, entry, now, position, replay)
@@ -121,6 +133,47 @@ class Aggregator:
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
             self._advance(prod, FINISHED, now)
+
+    def _withdraw_replaced(self, prod: ProducerInfo) -> None:
+        """``prod`` just took its slot from another process: take that process's data out of
+        the steps not yet emitted (``RunSteps.withdraw``)."""
+        old, prod.replaced = prod.replaced, None
+        if old is not None:
+            replaced = self.membership.producers.get(old)
+            finished = replaced.watermark if replaced is not None else -1
+            self._run(prod.run).withdraw(old, prod.slot, finished)
+
+    def admits(self, msg: protocol.Message) -> bool:
+        """Whether ``msg`` may be applied now. A producer's data that would open a step
+        while its run already holds ``max_open_steps`` open steps waits (the daemon leaves it
+        unacknowledged, and asks for it again once steps were emitted): a producer merely
+        ahead of the others (it has finished the oldest open step) is held back instead of
+        forcing the oldest steps out partial."""
+        if type(msg) is not protocol.Metrics:
+            return True
+        prod = self.membership.producers.get(msg.producer)
+        run = self.steps.get(prod.run) if prod is not None else None
+        if run is None or len(run.steps) < self.config.max_open_steps:
+            return True
+        steps, last = run.steps, run.last_emitted
+        if all(e[0] in steps or e[0] <= last for e in msg.entries):
+            return True
+        # It opens a step. Hold it only if this producer is ahead: it has finished the oldest
+        # open step. One that still owes it is what the window waits for: always admitted.
+        return prod.watermark < min(steps)  # type: ignore[union-attr]
+
+    def has_room(self, pid: int) -> bool:
+        """Producer ``pid``, held back, may go on: its run holds fewer than
+        ``max_open_steps`` open steps, or it now owes the oldest of them."""
+        prod = self.membership.producers.get(pid)
+        run = self.steps.get(prod.run) if prod is not None else None
+        if run is None or len(run.steps) < self.config.max_open_steps:
+            return True
+        return prod.watermark < min(run.steps)  # type: ignore[union-attr]
+
+    def feedback(self, pid: int) -> tuple[int, int, str]:
+        """What an acknowledgement tells producer ``pid`` (``Membership.feedback``)."""
+        return self.membership.feedback(pid)
 
     def _endpoint_only(self, prod: ProducerInfo, msg: protocol.Message) -> None:
         """A message of a producer that registered a metrics endpoint only: its counters and
@@ -172,6 +225,11 @@ class Aggregator:
             else:
                 finished = self.membership.finished_slots(run.name, step)
                 state = run.open(step, now, finished, position)
+        elif state.sealed and prod.slot in state.sealed:  # a restarted rank repeating a step
+            if not replay:
+                prod.late += 1
+                self._late(run, f"{prod.role}/{prod.rank} (restarted)", step)
+            return
         run.add(state, table, values, role_bit, prod.pid, t, nonfinite)
         spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
         if spans:
@@ -191,8 +249,23 @@ class Aggregator:
         """Data for a step already emitted: late (counted, never merged); when replaying the
         write-ahead log, data that went out with the step (skipped silently)."""
         if not replay:
+            prod.late += 1
             self._late(run, f"{prod.role}/{prod.rank}", step)
         return None
+
+    def _conflict(self, prod: ProducerInfo, entries: int, replay: bool) -> None:
+        """Entries of a producer that no longer holds its slot (a newer process took it, or
+        its rank is outside the role's world size): refused, counted, told back."""
+        if replay:
+            return
+        prod.conflict += entries
+        self.health.conflict_entries += entries
+        self._ratelog.warn(
+            f"conflict:{prod.pid}",
+            f"run {prod.run!r}: {prod.role}/{prod.rank} (producer {prod.pid:x}, host "
+            f"{prod.host}) sent data but does not hold that slot (another process registered "
+            "it later, or the rank is outside the role's world size); refused",
+        )
 
     def _late(self, run: RunSteps, who: str, step: int) -> None:
         """Count and report data for a step of ``run`` that was already emitted."""
@@ -224,10 +297,11 @@ class Aggregator:
         replay: bool,
     ) -> None:
         """A relay's merged entries for one run, then how far its members have finished."""
-        if msg.run not in self.membership.runs:
+        name = relay.aliases.get(msg.run, msg.run)  # the attempt its members joined here
+        if name not in self.membership.runs:
             self.health.reject("bad_field")
             return
-        run, members = self._run(msg.run), self.membership.runs[msg.run]
+        run, members = self._run(name), self.membership.runs[name]
         for step, t_first, t_last, table_id, values, nonfinite, pids, owners in msg.entries:
             if not replay:
                 self.health.events_received += 1
@@ -274,7 +348,7 @@ class Aggregator:
                 now,
                 grace_s=cfg.grace_s,
                 settle_s=cfg.settle_s,
-                max_open_steps=cfg.max_open_steps,
+                max_open_steps=cfg.max_open_steps * HARD_OPEN_FACTOR,
                 gone=lambda slot, name=name: self.membership.gone(name, slot, now),
             )
             for state, missing in due:
@@ -289,7 +363,30 @@ class Aggregator:
                 state = run.steps[step]
                 self._emit(run, state, expected - state.done)
 
+    def _overcounted(self, run: RunSteps, state: StepState) -> set:
+        """Roles of ``state`` with more contributing processes than their world size (which
+        withdrawal at takeovers prevents for direct producers): as slots to name missing."""
+        members = self.membership.runs[run.name]
+        per_role: dict[str, int] = {}
+        producers = self.membership.producers
+        for pid in state.contributors:
+            prod = producers.get(pid)
+            if prod is not None:
+                per_role[prod.role] = per_role.get(prod.role, 0) + 1
+        return {
+            (role, -1) for role, count in per_role.items() if count > members.roles.get(role, count)
+        }
+
     def _emit(self, run: RunSteps, state: StepState, missing: set) -> None:
+        over = self._overcounted(run, state)
+        if over:
+            self.health.overcounted_steps += 1
+            self._ratelog.warn(
+                f"over:{run.name}",
+                f"run {run.name!r} step {state.step}: roles {sorted(r for r, _ in over)} have "
+                "more contributing processes than their world size; emitted partial",
+            )
+            missing = missing | over
         metrics, roles = run.close(state, self.membership.runs[run.name])
         self.totals[run.name].derive(state.t_last, metrics)
         if state.spans:
@@ -299,7 +396,9 @@ class Aggregator:
             step=state.step,
             metrics=metrics,
             partial=bool(missing),
-            missing=tuple(f"{role}/{rank}" for role, rank in sorted(missing)),
+            missing=tuple(
+                f"{role}/{rank if rank >= 0 else 'overcounted'}" for role, rank in sorted(missing)
+            ),
             ranks=len(state.contributors),
             nonfinite=dict(state.nonfinite),
             time=state.t_last,

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from collector.discovery import TargetPolicy
 from collector.sinks import SINKS, sink_class
 from schemas.errors import ConfigError
 from schemas.messages import DEFAULT_LIMITS
@@ -47,7 +48,9 @@ class CollectorConfig:
       roles to register, unless a producer declared the run's roles (``expected_roles``).
     * ``liveness_s``: a producer silent this long (heartbeats stopped) is presumed dead; the
       steps it has not finished are emitted partial without waiting out the grace period.
-    * ``max_open_steps``: open steps per run; beyond it the oldest is emitted partial.
+    * ``max_open_steps``: open steps per run; producers that would open more are held back
+      (unacknowledged, asked again once steps are emitted); past 8 times as many (a batch
+      overshooting the window), the oldest is emitted partial.
     * ``tps_window``: steps pooled for ``system/tps`` (1: this step alone; ROLL uses 5).
     * ``max_message_bytes``: larger messages are rejected (and the ZeroMQ limit is 4x this).
     * ``sink_queue``: steps buffered per sink before that sink starts dropping.
@@ -67,6 +70,10 @@ class CollectorConfig:
       which merges the relays again. A relay has no trackers. ``upstream_curve``:
       ``{server_key: <above>.key, client_cert: <relay>.key_secret}`` when the collector above
       runs CurveZMQ.
+    * ``sd_targets``: which registered ``/metrics`` endpoints ``/sd`` may list for Prometheus,
+      ``{allow: [networks, addresses, host names, "*.suffix"], deny: [...]}``; ``deny``
+      defaults to the link-local networks and cloud metadata addresses, ``allow`` to any host
+      (``collector.discovery.TargetPolicy``).
     """
 
     bind: str = DEFAULT_BIND
@@ -91,6 +98,7 @@ class CollectorConfig:
     log_level: str = "INFO"
     upstream: str | None = None
     upstream_curve: Mapping[str, str] | None = None
+    sd_targets: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_bind(self.bind)
@@ -145,6 +153,7 @@ class CollectorConfig:
             raise ConfigError("fsync", "must be true or false", self.fsync)
         if self.curve is not None:
             _check_curve(self.curve)
+        TargetPolicy.from_mapping(self.sd_targets)  # ConfigError names the bad entry
         if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(
                 "log_level", f"must be one of {', '.join(LOG_LEVELS)}", self.log_level
@@ -156,6 +165,11 @@ class CollectorConfig:
                 )
             if not isinstance(kwargs, Mapping):
                 raise ConfigError(f"tracker_kwargs.{name}", "must be a mapping", kwargs)
+
+    @property
+    def target_policy(self) -> TargetPolicy:
+        """``sd_targets`` as the policy ``collector.discovery`` applies."""
+        return TargetPolicy.from_mapping(self.sd_targets)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> CollectorConfig:

@@ -9,12 +9,18 @@ starts (its oldest unacknowledged message), so a collector without saved state p
 producer mid-stream. Messages from a producer not registered yet are held, bounded, until its
 hello arrives. Every hello is acknowledged (with the producer's last applied number), so a
 producer knows it is registered and stops repeating its hello.
+
+A data message the receiver rejected but could still place (a ``protocol.Rejected``) takes
+its number like any other, so the messages after it are not a gap forever; nothing of it is
+applied, and its entries are counted in the producer's acknowledgements (``rejected``). A
+hello's number is never behind what its producer knows was acknowledged: a collector that
+restarted without the rejection (acknowledged, never in its write-ahead log) catches up there.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from collector.health import Health
 from collector.ratelog import RateLimitedLog
@@ -25,25 +31,51 @@ HELLOS = (protocol.Hello, protocol.RelayHello)
 """Registrations: a producer's, or a relay's (a relay is one producer to the collector above)."""
 MAX_HELD = 10_000
 """Messages kept for producers whose hello has not arrived yet (more are dropped, resent)."""
+MAX_HELD_BYTES = 64 * 1024 * 1024
+"""Bytes kept for producers whose hello has not arrived yet: the bound that matters when
+their messages are large (60 messages of 8 MiB would be half a gigabyte)."""
+SEQUENCED = (*protocol.RELIABLE, protocol.Rejected)
+"""What takes a number in a producer's sequence: data messages, and the rejected ones."""
+Incoming = protocol.Message | protocol.Rejected
 
 
 class Delivery:
     """Sequencing state per producer id. ``accept`` returns the messages to apply, in order."""
 
-    def __init__(self, health: Health | None = None, max_held: int = MAX_HELD) -> None:
+    def __init__(
+        self,
+        health: Health | None = None,
+        max_held: int = MAX_HELD,
+        max_held_bytes: int = MAX_HELD_BYTES,
+    ) -> None:
         self.health = health or Health()
         self.max_held = max_held
+        self.max_held_bytes = max_held_bytes
+        self._held_bytes = 0
+        self._held_back: set[int] = set()
+        """Producers whose next message waits for room in their run (``admit`` said no)."""
+        self._tell_hold: set[int] = set()
+        """Held-back producers not yet told to stop sending."""
         self.last_seq: dict[int, int] = {}
         self.identity: dict[int, bytes] = {}
-        self._held: dict[int, list[tuple[protocol.Message, bytes]]] = {}
+        self._held: dict[int, list[tuple[Incoming, bytes]]] = {}
         self._held_count = 0
         self._to_ack: set[int] = set()
+        self.rejected: dict[int, int] = {}
+        """Per producer, entries of its messages that were rejected (told in its acks)."""
         self._ratelog = RateLimitedLog(log)
 
     def accept(
-        self, msg: protocol.Message, identity: bytes, raw: bytes = b""
+        self,
+        msg: Incoming,
+        identity: bytes,
+        raw: bytes = b"",
+        admit: Callable[[protocol.Message], bool] | None = None,
     ) -> list[tuple[protocol.Message, bytes]]:
-        """The messages to apply now, each with its raw bytes (for the write-ahead log)."""
+        """The messages to apply now, each with its raw bytes (for the write-ahead log).
+        ``admit`` (``Aggregator.admits``) may hold a data message back: it is then neither
+        applied nor acknowledged, nor is anything after it, until :meth:`acks` asks its
+        producer to resend (flow control: a producer ahead of the others waits)."""
         pid = msg.producer
         if isinstance(msg, HELLOS):
             self.identity[pid] = identity
@@ -53,21 +85,24 @@ class Delivery:
                 self.last_seq[pid] = msg.seq - 1
                 held = self._held.pop(pid, [])
                 self._held_count -= len(held)
+                self._held_bytes -= sum(len(r) for _, r in held)
                 for m, r in held:
-                    out += self._sequenced(m, r)
+                    out += self._sequenced(m, r, admit)
+            elif msg.seq - 1 > self.last_seq[pid]:  # acknowledged, but not remembered
+                self.last_seq[pid] = msg.seq - 1
             return out
         if pid not in self.last_seq:
             self._hold(msg, raw)
             return []
         self.identity[pid] = identity
-        if isinstance(msg, protocol.RELIABLE):
-            return self._sequenced(msg, raw)
+        if isinstance(msg, SEQUENCED):
+            return self._sequenced(msg, raw, admit)
         return [(msg, raw)]
 
-    def _hold(self, msg: protocol.Message, raw: bytes) -> None:
-        if not isinstance(msg, protocol.RELIABLE):
+    def _hold(self, msg: Incoming, raw: bytes) -> None:
+        if not isinstance(msg, SEQUENCED):
             return  # heartbeats of an unknown producer carry nothing to keep
-        if self._held_count >= self.max_held:
+        if self._held_count >= self.max_held or self._held_bytes + len(raw) > self.max_held_bytes:
             self.health.unknown_producer += 1
             self._ratelog.warn(
                 "unknown",
@@ -76,8 +111,14 @@ class Delivery:
             return
         self._held.setdefault(msg.producer, []).append((msg, raw))
         self._held_count += 1
+        self._held_bytes += len(raw)
 
-    def _sequenced(self, msg: protocol.Message, raw: bytes) -> list[tuple[protocol.Message, bytes]]:
+    def _sequenced(
+        self,
+        msg: Incoming,
+        raw: bytes,
+        admit: Callable[[protocol.Message], bool] | None = None,
+    ) -> list[tuple[protocol.Message, bytes]]:
         pid = msg.producer
         last = self.last_seq[pid]
         if msg.seq <= last:
@@ -85,10 +126,21 @@ class Delivery:
             self._to_ack.add(pid)
             return []
         if msg.seq > last + 1:
-            self.health.out_of_order += 1
+            if pid not in self._held_back:  # behind a held-back message: expected
+                self.health.out_of_order += 1
             return []
+        if admit is not None and type(msg) is not protocol.Rejected and not admit(msg):
+            if pid not in self._held_back:
+                self._held_back.add(pid)
+                self._tell_hold.add(pid)
+            self.health.held_back += 1
+            return []
+        self._held_back.discard(pid)
         self.last_seq[pid] = msg.seq
         self._to_ack.add(pid)
+        if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
+            self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
+            return []
         return [(msg, raw)]
 
     def unapplied(self) -> int:
@@ -108,14 +160,31 @@ class Delivery:
         elif isinstance(msg, HELLOS) and msg.producer not in self.last_seq:
             self.last_seq[msg.producer] = msg.seq - 1
 
-    def acks(self) -> list[tuple[bytes, bytes]]:
+    def acks(
+        self,
+        feedback: Callable[[int], tuple[int, int, str]] | None = None,
+        has_room: Callable[[int], bool] | None = None,
+    ) -> list[tuple[bytes, bytes]]:
         """(identity, ack message) for every producer with newly applied or repeated data.
-        Call only once what they acknowledge is in the write-ahead log."""
+        Call only once what they acknowledge is in the write-ahead log. ``feedback`` gives
+        what each ack also tells its producer: its entries left out as late and as
+        conflicts, and the run it is recorded under (``Aggregator.feedback``). Producers held
+        back whose run has room again (``has_room``) are asked to resend now."""
+        wake = set()
+        if self._held_back and has_room is not None:
+            wake = {pid for pid in self._held_back if has_room(pid)}
+            self._held_back -= wake
+        hold, self._tell_hold = self._tell_hold - wake, set()
         out = []
-        for pid in self._to_ack:
+        for pid in self._to_ack | wake | hold:
             identity = self.identity.get(pid)
             if identity is not None:
-                out.append((identity, protocol.encode_ack(pid, self.last_seq[pid])))
+                extra = feedback(pid) if feedback is not None else (0, 0, "")
+                rejected = self.rejected.get(pid, 0)
+                ack = protocol.encode_ack(
+                    pid, self.last_seq[pid], *extra, rejected, resend=pid in wake, hold=pid in hold
+                )
+                out.append((identity, ack))
         self._to_ack.clear()
         return out
 

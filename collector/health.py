@@ -20,7 +20,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, overload
 
-from schemas.protocol import DROP_KEYS
+from schemas.protocol import COLLECTOR_DROP_KEYS, DROP_KEYS
+
+_SENDER_DROPS = tuple(k for k in DROP_KEYS if k not in COLLECTOR_DROP_KEYS)
 
 Kind = Literal["counter", "gauge"]
 
@@ -66,6 +68,11 @@ SINK_METRICS: tuple[SelfMetric, ...] = (
         "rlpulse_sink_dropped_total",
         "Steps a sink dropped (queue full or retries spent).",
         key="dropped",
+    ),
+    SelfMetric(
+        "rlpulse_sink_lost_total",
+        "Steps a sink never got: the state_dir outbox records holding them were damaged.",
+        key="lost",
     ),
     SelfMetric(
         "rlpulse_sink_lag_seconds",
@@ -127,9 +134,45 @@ class Health:
         "rlpulse_collector_world_size_conflict_total",
         "Registrations whose world size disagreed with the role's first registration.",
     )
+    held_back = SelfMetric(
+        "rlpulse_collector_held_back_total",
+        "Messages left unacknowledged because their run already held max_open_steps open "
+        "steps (a producer ahead of the others; asked to resend once steps are emitted).",
+    )
+    run_attempts = SelfMetric(
+        "rlpulse_collector_run_attempts_total",
+        "Registrations under the name of a run that had ended here, recorded as a new attempt "
+        "(name-2, name-3...) instead of continuing it (producers that resume continue it).",
+    )
+    rank_takeovers = SelfMetric(
+        "rlpulse_collector_rank_takeovers_total",
+        "Registrations of a (run, role, rank) slot another process held (a restarted rank, or "
+        "two processes claiming one rank): the newest holds it, the other's open data is "
+        "withdrawn.",
+    )
+    conflict_entries = SelfMetric(
+        "rlpulse_collector_conflict_entries_total",
+        "Entries refused because their producer no longer holds its (role, rank) slot.",
+    )
+    overcounted_steps = SelfMetric(
+        "rlpulse_collector_overcounted_steps_total",
+        "Steps emitted partial because a role had more contributors than its world size, or "
+        "held data of a replaced process that could not be withdrawn (behind a relay).",
+    )
     unapplied = SelfMetric(
         "rlpulse_collector_unapplied_entries_total",
         "Entries from producers whose registration never arrived, lost at shutdown.",
+    )
+    disk_errors = SelfMetric(
+        "rlpulse_collector_disk_errors_total",
+        "Failed writes under state_dir (write-ahead log, outbox, checkpoint, sink cursors), "
+        "retries included.",
+    )
+    state_writable = SelfMetric(
+        "rlpulse_collector_state_writable",
+        "1 while the write-ahead log and outbox can be written; 0 while they cannot (a full "
+        "disk): nothing is acknowledged then, so producers keep their data, until it can.",
+        "gauge",
     )
     producers = SelfMetric(
         "rlpulse_collector_producers",
@@ -140,6 +183,12 @@ class Health:
         "rlpulse_collector_scrape_targets",
         "Registered /metrics endpoints listed for Prometheus service discovery (/sd).",
         "gauge",
+    )
+    scrape_targets_refused = SelfMetric(
+        "rlpulse_collector_scrape_targets_refused_total",
+        "Registered /metrics endpoints left out of service discovery (/sd) because the "
+        "collector's sd_targets refuses their host (a link-local or cloud metadata address by "
+        "default, or a host not in sd_targets.allow); once per registration.",
     )
 
     def __init__(self) -> None:
@@ -160,8 +209,9 @@ class Health:
         self.malformed[reason] += 1
 
     def producer_dropped(self) -> int:
-        """Log calls producers reported dropping (queue or buffer full, unacknowledged at close)."""
-        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in DROP_KEYS)
+        """Log calls producers reported dropping (queue or buffer full, unacknowledged at close);
+        what the collector itself left out (late, conflicts) is counted by its own counters."""
+        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in _SENDER_DROPS)
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {m.key: getattr(self, m.key) for m in self.declared()}

@@ -60,6 +60,18 @@ class ProducerInfo:
     """The Prometheus endpoint it registered ("" for none)."""
     logs: bool = True
     """False: it registered ``metrics_url`` only and is no rank of its run."""
+    resume: bool = False
+    """Its hello said it resumes its run (``Hello.resume``); a relay forwards that."""
+    asked_run: str = ""
+    """The run name its hello gave, when it is recorded under another (a new attempt)."""
+    late: int = 0
+    """Its entries left out because their step had been emitted (told back in acks)."""
+    conflict: int = 0
+    """Its entries refused because another process holds its slot (told back in acks)."""
+    replaced: int | None = None
+    """The producer whose slot it took when it registered (withdrawn by the aggregator)."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """A relay's runs as the relay names them -> as this collector records them."""
 
     def declare(self, decls: Iterable[TableDecl]) -> None:
         """Take the tables of a hello (validated by the decoder)."""
@@ -130,11 +142,28 @@ class Members:
 
 
 class Membership:
-    """Every producer and every run's :class:`Members`."""
+    """Every producer and every run's :class:`Members`.
 
-    def __init__(self, *, liveness_s: float, health: Health) -> None:
+    Run identity: a run is named by its producers. A hello naming a run that is still live
+    here (a rank not finished and not presumed gone, or a slot still waited for) joins it. A
+    hello naming a run that has *ended* here (every slot finished or presumed gone) starts a
+    new attempt, recorded as ``name-2`` (``name-3``...), said in a warning, counted
+    (``run_attempts``) and told to the producer in its acknowledgement, unless the producer
+    says it resumes (``Hello.resume``): then it continues the run, and whatever it sends for
+    steps already emitted is late, counted and told back. A relay (``attempts`` false) does
+    not decide: it forwards the name and the collector above decides.
+    """
+
+    def __init__(self, *, liveness_s: float, health: Health, attempts: bool = True) -> None:
         self.liveness_s = liveness_s
         self.health = health
+        self.attempts = attempts
+        self.current: dict[str, str] = {}
+        """A run name producers give -> its latest attempt here, when that is another name."""
+        self.decided = False
+        """A new attempt was started, or an ended run resumed, since the daemon last saved
+        the checkpoint: it saves one now, so recovery never decides it again at another time
+        (the daemon clears this)."""
         self.producers: dict[int, ProducerInfo] = {}
         self.relays: dict[int, ProducerInfo] = {}
         """Relays below this collector, by their producer id."""
@@ -156,9 +185,10 @@ class Membership:
             prod.declare(msg.tables)
             self._note_endpoint(prod, msg.metrics_url)
             return prod
-        run = self.runs.get(msg.run)
+        name = self._attempt(msg, now)
+        run = self.runs.get(name)
         if run is None:
-            run = self.runs[msg.run] = Members(now)
+            run = self.runs[name] = Members(now)
         for role, size in msg.expected.items():
             run.declared = True
             run.expected_roles.setdefault(role, size)
@@ -167,38 +197,100 @@ class Membership:
         if msg.world_size != ws:
             self.health.world_size_conflict += 1
             self._ratelog.warn(
-                f"ws:{msg.run}:{msg.role}",
-                f"run {msg.run!r} role {msg.role!r}: rank {msg.rank} says world size "
+                f"ws:{name}:{msg.role}",
+                f"run {name!r} role {msg.role!r}: rank {msg.rank} says world size "
                 f"{msg.world_size}, the first registration said {ws}; keeping {ws}",
             )
-        prod = ProducerInfo(
-            msg.producer, msg.run, msg.role, msg.rank, msg.world_size, msg.host, now
-        )
+        prod = ProducerInfo(msg.producer, name, msg.role, msg.rank, msg.world_size, msg.host, now)
+        prod.resume = msg.resume
+        if name != msg.run:
+            prod.asked_run = msg.run
         prod.declare(msg.tables)
         self.producers[msg.producer] = prod
         self._note_endpoint(prod, msg.metrics_url)
         previous = run.slots.get(prod.slot)
         run.slots[prod.slot] = prod.pid
         run._expected = None  # a relay's expected ranks are the registered ones
-        if previous is not None:
-            log.info(
-                "run %r: %s/%d re-registered from a new process (host %s)",
-                msg.run,
-                msg.role,
-                msg.rank,
-                msg.host,
-            )
+        if previous is not None and previous != prod.pid:
+            prod.replaced = previous
+            self._took_over(name, prod, self.producers.get(previous), now)
         else:
             log.info(
-                "run %r: %s/%d of %d registered (host %s)",
-                msg.run,
-                msg.role,
-                msg.rank,
-                ws,
-                msg.host,
+                "run %r: %s/%d of %d registered (host %s)", name, msg.role, msg.rank, ws, msg.host
             )
         self.health.producers = len(self.producers)
         return prod
+
+    def _took_over(
+        self, name: str, prod: ProducerInfo, old: ProducerInfo | None, now: float
+    ) -> None:
+        """``prod`` took the slot of ``old``: a restarted rank, or two processes claiming one
+        rank (``old`` still alive). Counted and warned about; the aggregator withdraws what
+        ``old`` gave to steps not yet emitted, and refuses its further entries."""
+        self.health.rank_takeovers += 1
+        alive = old is not None and not old.finished and not self.silent(old, now)
+        what = (
+            f"another live process ({old.host}, producer {old.pid:x}) still claims it: check "
+            "the job's rank assignment; only the newest is counted"
+            if alive and old is not None
+            else "the previous process is gone or finished (a restart)"
+        )
+        self._ratelog.warn(
+            f"takeover:{name}:{prod.role}:{prod.rank}",
+            f"run {name!r}: {prod.role}/{prod.rank} registered from a new process (host "
+            f"{prod.host}, producer {prod.pid:x}); {what}. The previous process's data for "
+            "steps not yet emitted is withdrawn",
+        )
+
+    def _attempt(self, msg: protocol.Hello, now: float) -> str:
+        """The run a new producer's hello joins: the latest attempt of the name it gives,
+        unless that attempt has ended here and the producer does not resume (then a new
+        attempt, ``name-2``...)."""
+        asked = msg.run
+        name = self.current.get(asked, asked)
+        run = self.runs.get(name)
+        # A run with no role yet is a placeholder (recovery made it for a step it had
+        # emitted, before the log gave back its registrations): nothing there has ended.
+        if not self.attempts or run is None or not run.roles or self.live(name, now):
+            return name
+        self.decided = True
+        if msg.resume:  # a restarted job: its ranks hold the slots afresh
+            run.slots.clear()
+            run.first_seen = now
+            run._expected = None
+            log.info("run %r resumed by %s/%d", name, msg.role, msg.rank)
+            return name
+        k = 2
+        while f"{asked}-{k}" in self.runs:
+            k += 1
+        fresh = self.current[asked] = f"{asked}-{k}"
+        self.health.run_attempts += 1
+        log.warning(
+            "run %r had ended here (every rank finished or gone); %s/%d starts a new attempt, "
+            "recorded as %r (a producer made with resume=True, or RLPULSE_RESUME=1, continues "
+            "%r instead)",
+            name,
+            msg.role,
+            msg.rank,
+            fresh,
+            name,
+        )
+        return fresh
+
+    def live(self, name: str, now: float) -> bool:
+        """A slot of the run is still waited for: its producer neither finished nor presumed
+        gone, or nobody registered it yet and the run is younger than ``liveness_s``."""
+        run = self.runs[name]
+        for slot in run.expected():
+            pid = run.slots.get(slot)
+            if pid is None:
+                if now - run.first_seen < self.liveness_s:
+                    return True
+                continue
+            prod = self.producers[pid]
+            if not prod.finished and not self.silent(prod, now):
+                return True
+        return False
 
     def _register_endpoint(self, msg: protocol.Hello, now: float) -> ProducerInfo:
         """A producer that registers its metrics endpoint only: kept for discovery and
@@ -264,10 +356,13 @@ class Membership:
                 m.expected,
                 metrics_url=m.metrics_url,
                 logs=m.logs,
+                resume=m.resume,
             )
             prod = self.register(hello, now)
             prod.via = msg.producer
             prod.presumed_gone = m.gone
+            if prod.logs:
+                relay.aliases[m.run] = prod.run
         return relay
 
     def seen(self, pid: int, now: float) -> ProducerInfo | None:
@@ -278,6 +373,15 @@ class Membership:
             return None
         prod.last_seen = now
         return prod
+
+    def feedback(self, pid: int) -> tuple[int, int, str]:
+        """What an acknowledgement tells producer ``pid`` beyond the sequence number: its
+        entries left out as late and as conflicts, and the run it is recorded under when that
+        is not the name it gave ("" otherwise)."""
+        prod = self.producers.get(pid)
+        if prod is None:
+            return 0, 0, ""
+        return prod.late, prod.conflict, prod.run if prod.asked_run else ""
 
     def note_stats(self, prod: ProducerInfo, stats: Mapping[str, int]) -> None:
         prod.stats = stats
@@ -320,9 +424,21 @@ class Membership:
     def snapshot(self) -> dict:
         return {
             "producers": {
-                str(p.pid): [p.run, p.role, p.rank, p.world_size, p.host, p.watermark]
+                str(p.pid): [
+                    p.run,
+                    p.role,
+                    p.rank,
+                    p.world_size,
+                    p.host,
+                    p.watermark,
+                    p.late,
+                    p.conflict,
+                    p.asked_run,
+                ]
                 for p in self.producers.values()
             },
+            "current": dict(self.current),
+            "aliases": {str(r.pid): r.aliases for r in self.relays.values() if r.aliases},
             "tables": {
                 str(p.pid): [[i, list(t.names), list(t.kinds)] for i, t in p.tables.items()]
                 for p in (*self.producers.values(), *self.relays.values())
@@ -347,12 +463,18 @@ class Membership:
         }
 
     def restore(self, snapshot: Mapping, now: float) -> None:
-        for pid, (run, role, rank, ws, host, watermark) in snapshot.get("producers", {}).items():
-            self.producers[int(pid)] = ProducerInfo(
+        for pid, saved in snapshot.get("producers", {}).items():
+            run, role, rank, ws, host, watermark = saved[:6]
+            prod = self.producers[int(pid)] = ProducerInfo(
                 int(pid), run, role, rank, ws, host, now, watermark
             )
+            if len(saved) > 6:  # saved by a release that reports feedback to producers
+                prod.late, prod.conflict, prod.asked_run = saved[6:9]
+        self.current.update(snapshot.get("current", {}))
         for pid, host in snapshot.get("relays", {}).items():
             self.relays[int(pid)] = ProducerInfo(int(pid), "", "relay", 0, 1, host, now)
+        for pid, aliases in snapshot.get("aliases", {}).items():
+            self.relays[int(pid)].aliases.update(aliases)
         for pid, (via, presumed_gone) in snapshot.get("via", {}).items():
             self.producers[int(pid)].via = via
             self.producers[int(pid)].presumed_gone = presumed_gone

@@ -3,7 +3,10 @@ receiver that turns its frames into validated messages and sends acknowledgement
 
 :func:`open_socket` builds the socket from the config; :class:`Receiver` takes any socket
 with ZeroMQ's ``recv_multipart``/``send_multipart`` (tests pass their own). Rejects are counted
-by reason and logged with rate limiting; a failed CurveZMQ handshake is counted too.
+by reason and logged with rate limiting; a failed CurveZMQ handshake is counted too. A
+rejected data message whose producer and number are still readable goes on as a
+:class:`~schemas.protocol.Rejected` stand-in, so its producer's later messages are not held up
+behind it; a hello's bad tables are counted and left out, its good ones kept.
 """
 
 from __future__ import annotations
@@ -47,7 +50,13 @@ class Endpoint:
             self.socket.setsockopt(zmq.LINGER, 0)
             self.socket.setsockopt(zmq.RCVHWM, RCVHWM)
             # Hard cap in libzmq (the peer is disconnected); the decoder's softer limit is counted.
-            self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * config.max_message_bytes)
+            # It stays above what a producer sends at most (``protocol.MAX_PAYLOAD_BYTES``), so
+            # a collector configured below that rejects such a message (and the producer hears
+            # of it), instead of cutting the connection on every resend.
+            self.socket.setsockopt(
+                zmq.MAXMSGSIZE,
+                max(4 * config.max_message_bytes, 2 * protocol.DEFAULT_LIMITS.max_bytes),
+            )
             if config.curve is not None:
                 self._secure(config.curve)
             try:
@@ -118,11 +127,17 @@ class Receiver:
         self.health = health
         self.monitor = monitor
         self._ratelog = RateLimitedLog(log)
+        self._problems: list[SchemaError] = []
+        """What the decoder forgave in the current message (a hello's bad tables)."""
 
-    def receive(self, budget: int) -> Iterator[tuple[bytes, protocol.Message, bytes]]:
+    def receive(
+        self, budget: int
+    ) -> Iterator[tuple[bytes, protocol.Message | protocol.Rejected, bytes]]:
         """Up to ``budget`` waiting messages, without blocking: ``(identity, message, raw)``
-        of each valid one (the rest are counted by reason)."""
-        recv, health = self.socket.recv, self.health
+        of each valid one, and of each rejected data message that can still be placed, a
+        :class:`~schemas.protocol.Rejected` for the message (every reject is counted by
+        reason)."""
+        recv, health, problems = self.socket.recv, self.health, self._problems
         for _ in range(budget):
             # The identity, then the message as a frame (its ``more`` flag is cheaper to read
             # than recv_multipart's getsockopt per frame: a third of the per-message cost).
@@ -143,13 +158,24 @@ class Receiver:
                 continue
             raw = frame.bytes
             try:
-                msg = protocol.decode(raw, self.limits)
+                msg = protocol.decode(raw, self.limits, problems)
             except SchemaError as exc:
                 health.reject(exc.reason)
                 self._ratelog.warn(
                     f"malformed:{exc.reason}", f"rejected a malformed message: {exc.detail}"
                 )
+                marker = protocol.rejected(raw, exc)
+                if marker is not None:
+                    yield identity, marker, raw
                 continue
+            if problems:
+                for problem in problems:
+                    health.reject(problem.reason)
+                    self._ratelog.warn(
+                        f"table:{problem.reason}",
+                        f"left out a name table of producer {msg.producer:x}: {problem.detail}",
+                    )
+                problems.clear()
             yield identity, msg, raw
 
     def acknowledge(self, acks: list[tuple[bytes, bytes]]) -> None:

@@ -111,6 +111,8 @@ class RelayAggregator(Aggregator):
     """The aggregator of a relay: completes steps over its own ranks and emits
     :class:`RelayRecord` instead of step records (see the module docstring)."""
 
+    decides_attempts = False
+
     def __init__(self, emit: Any, config: CollectorConfig, **kwargs: Any) -> None:
         super().__init__(emit, config, **kwargs)
         self.next_seq = 1
@@ -195,6 +197,7 @@ class RelayAggregator(Aggregator):
             gone,
             prod.metrics_url,
             prod.logs,
+            prod.resume,
         )
 
     def flush(self) -> None:

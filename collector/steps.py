@@ -8,8 +8,10 @@ slots have finished the step. A rank finishes step ``s`` by logging a later step
 
 A step is *complete* when every expected slot has finished it; it is emitted *partial*,
 naming the missing slots, when ``grace_s`` has passed since the first slot finished it, when
-every missing slot is gone (``Membership.gone``), or when more than ``max_open_steps`` steps
-of the run are open (the oldest goes). A new run's steps wait ``settle_s`` for roles still
+every missing slot is gone (``Membership.gone``), or, as a last resort, when more than
+``HARD_OPEN_FACTOR`` times ``max_open_steps`` steps of the run are open (the oldest goes).
+Below that, ``max_open_steps`` is kept by holding back producers that run ahead
+(``Aggregator.admits``), not by emitting steps early. A new run's steps wait ``settle_s`` for roles still
 registering, unless a producer declared the topology.
 """
 
@@ -43,6 +45,9 @@ from schemas.values import (
 )
 
 log = logging.getLogger("rlpulse.collector")
+HARD_OPEN_FACTOR = 8
+"""Open steps beyond ``max_open_steps`` times this are emitted partial, oldest first: the
+bound that holds even when producers' batches overshoot the window."""
 MAX_LAYOUTS = 4096
 """Name tables whose row mapping is cached per run."""
 
@@ -65,6 +70,19 @@ class StepState:
     """Write-ahead-log position of the step's first data: the log is needed from here on."""
     spans: list[Span] = field(default_factory=list)
     """Every rank's phases in the step (``collector.spans``)."""
+    inputs: list[tuple] = field(default_factory=list)
+    """Every entry merged into the step, as given to :meth:`RunSteps.add` (``(pid, ...)``)
+    or :meth:`RunSteps.add_merged` (``(pids, ...)``), kept until it is emitted so a replaced
+    process's data can be withdrawn exactly (:meth:`RunSteps.withdraw`)."""
+    withdrawn: set[Slot] = field(default_factory=set)
+    """Slots whose data was withdrawn (their process was replaced): such a slot counts only
+    if its new holder gives the step data; finished without it, it is missing."""
+    sealed: set[Slot] = field(default_factory=set)
+    """Slots whose replaced process had finished the step: its data stays, and what the new
+    process sends for the step is a repeat (late)."""
+    tainted: set[Slot] = field(default_factory=set)
+    """Slots with data of a replaced process that could not be withdrawn (merged by a relay
+    with other ranks'): the step is emitted partial, naming them."""
 
     def grow(self, n: int) -> None:
         """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""
@@ -215,6 +233,7 @@ class RunSteps:
         group = self._group(state, table, values)
         if group is None:
             return
+        state.inputs.append((pid, table, values, role_bit, t, nonfinite))
         group.roles |= 1 << role_bit
         if nonfinite:
             state.nonfinite.update(nonfinite)
@@ -239,6 +258,8 @@ class RunSteps:
         group = self._group(state, table, values)
         if group is None:
             return
+        pids = tuple(pids)
+        state.inputs.append((pids, table, values, row_roles, times, nonfinite))
         group.row_roles = row_roles if group.row_roles is None else group.row_roles | row_roles
         if nonfinite:
             state.nonfinite.update(nonfinite)
@@ -308,6 +329,47 @@ class RunSteps:
             rows_roles = group.row_roles if layout.keep is None else group.row_roles[layout.keep]
             state.roles[layout.idx] |= rows_roles
 
+    def withdraw(self, pid: int, slot: Slot, finished: int) -> int:
+        """Producer ``pid``'s slot was taken over by a new process. Its data for the open
+        steps it had finished (up to ``finished``) is whole and stays (``sealed``: the new
+        process's data for them is a repeat); its data for the steps it had not finished is
+        taken out: each is rebuilt from the other entries, and the slot must finish it again,
+        with data of the new holder. Data ``pid`` gave through a relay, merged with other
+        ranks', cannot be taken out: those steps are marked to be emitted partial, naming the
+        slot. Return how many steps lost data."""
+        changed = 0
+        self.merge_pending()
+        for state in self.steps.values():
+            if pid not in state.contributors:
+                continue
+            if state.step <= finished:
+                state.sealed.add(slot)
+                continue
+            changed += 1
+            state.done.discard(slot)
+            state.withdrawn.add(slot)
+            state.spans = [sp for sp in state.spans if (sp.role, sp.rank) != slot]
+            if any(type(i[0]) is tuple and pid in i[0] for i in state.inputs):
+                state.tainted.add(slot)
+                continue
+            self._rebuild(state, [i for i in state.inputs if i[0] != pid])
+        self.merge_pending()
+        return changed
+
+    def _rebuild(self, state: StepState, inputs: list[tuple]) -> None:
+        """Merge ``inputs`` into ``state`` afresh (its rows, roles, times and contributors)."""
+        n = state.rows.shape[0]
+        state.rows, state.touched = empty_rows(n), np.zeros(n, dtype=bool)
+        state.roles = np.zeros(n, dtype=np.int64)
+        state.contributors, state.nonfinite = set(), Counter()
+        state.t_first, state.t_last, state.inputs = math.inf, -math.inf, []
+        for item in inputs:
+            if type(item[0]) is tuple:
+                pids, table, values, row_roles, times, nonfinite = item
+                self.add_merged(state, table, values, row_roles, pids, times, nonfinite)
+            else:
+                self.add(state, item[1], item[2], item[3], item[0], item[4], item[5])
+
     def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
         """``slot`` has finished every step in ``(old, watermark]``."""
         steps = self.steps
@@ -338,14 +400,27 @@ class RunSteps:
             state = self.steps[step]
             # done only ever holds expected slots, so counting them says "complete"
             missing = expected - state.done if len(state.done) < len(expected) else set()
+            lost = self._lost(state, members) if state.withdrawn else set()
+            missing |= lost
             if not missing and members.settling(now, settle_s):
                 return  # other roles of a new run may still be starting up
             if missing:
                 overflow = len(self.steps) > max_open_steps
                 graced = state.first_done_at is not None and now - state.first_done_at >= grace_s
-                if not (overflow or graced or all(gone(s) for s in missing)):
+                if not (overflow or graced or all(s in lost or gone(s) for s in missing)):
                     return
             yield state, missing
+
+    @staticmethod
+    def _lost(state: StepState, members: Members) -> set[Slot]:
+        """Slots that finished ``state`` without their data in it: withdrawn (a replaced
+        process's) and not given again by the new holder, or given only through a relay
+        together with the replaced process's."""
+        return state.tainted | {
+            slot
+            for slot in state.withdrawn
+            if slot in state.done and members.slots.get(slot) not in state.contributors
+        }
 
     def close(self, state: StepState, members: Members) -> tuple[dict[str, float], dict[str, str]]:
         """Remove an emitted step; return its metrics and the role(s) behind each."""

@@ -8,7 +8,6 @@ its numbered deltas once.
 from __future__ import annotations
 
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,12 @@ def relay_id(state_dir: str | None) -> int:
     """This relay's producer id upstream: kept in ``state_dir`` so a restarted relay is the
     same producer to the root (which deduplicates by it); random without one."""
     if state_dir is None:
-        return random.getrandbits(63)
+        return protocol.new_producer_id()
     path = Path(state_dir) / "relay_id"
     if path.exists():
         return int(path.read_text())
     path.parent.mkdir(parents=True, exist_ok=True)
-    value = random.getrandbits(63)
+    value = protocol.new_producer_id()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(str(value))
     os.replace(tmp, path)

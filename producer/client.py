@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import random
 import sys
 import threading
 import time
@@ -25,7 +24,12 @@ from producer.cuda import cuda_context
 from producer.deferred import DeviceValue, Pending
 from producer.device import DeviceContext
 from producer.encode import INVALID, Encoder
-from producer.env import curve_from_env, default_address
+from producer.env import (
+    curve_from_env,
+    default_address,
+    expected_roles_from_env,
+    resume_from_env,
+)
 from producer.gpustate import NvmlSampler
 from producer.memory import MemoryProbe
 from producer.outbox import Identity, Registration
@@ -37,7 +41,9 @@ from producer.transport import CurveKeys, Transport, ZmqTransport
 from schemas.catalog import Catalog
 from schemas.endpoint import MetricsUrl
 from schemas.errors import SchemaError
+from schemas.messages import U63_MAX
 from schemas.metrics import CATALOG
+from schemas.protocol import DEFAULT_LIMITS, new_producer_id
 from schemas.reductions import Reduction
 
 log = logging.getLogger("rlpulse.producer")
@@ -55,7 +61,11 @@ class Producer:
 
     Who it is: ``run``, ``role``, ``rank`` and ``world_size``; ``expected_roles`` (role ->
     world size) tells the collector the run's whole topology, so it waits for roles that have
-    not registered yet instead of emitting without them. ``reductions`` declares how names
+    not registered yet instead of emitting without them (default: ``RLPULSE_EXPECTED_ROLES``,
+``driver=1,actor_train=8``, which verl's setup hook sets). A run name that already ran to its
+    end on the collector starts a new attempt there (``name-2``: :attr:`recorded_run`, and a
+    warning) unless ``resume`` is true: then the run continues (default: ``RLPULSE_RESUME``,
+    or true in a process torchrun restarted). ``reductions`` declares how names
     outside the catalog merge (``{"my/peak": "max"}``); the catalog's own declarations cannot
     be overridden. ``curve`` (or the ``RLPULSE_CURVE_*`` environment variables) turns on
     CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and bounds
@@ -89,6 +99,7 @@ class Producer:
         reductions: Mapping[str, str | Reduction] | None = None,
         metrics_url: str | None = None,
         logs: bool = True,
+        resume: bool | None = None,
         curve: CurveKeys | None = None,
         config: ProducerConfig = DEFAULT,
         transport: Transport | None = None,
@@ -97,10 +108,11 @@ class Producer:
         device: DeviceContext | None = None,
         nvml: NvmlSampler | None = None,
     ) -> None:
-        if not run or not isinstance(run, str):
-            raise ValueError(f"run must be a non-empty string, got {run!r}")
-        if not role or not isinstance(role, str):
-            raise ValueError(f"role must be a non-empty string, got {role!r}")
+        limit = DEFAULT_LIMITS.max_label_length  # what the collector accepts in a hello
+        if not run or not isinstance(run, str) or len(run) > limit:
+            raise ValueError(f"run must be a string of 1..{limit} characters, got {run!r:.200}")
+        if not role or not isinstance(role, str) or len(role) > limit:
+            raise ValueError(f"role must be a string of 1..{limit} characters, got {role!r:.200}")
         if not (isinstance(world_size, int) and world_size >= 1):
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if not (isinstance(rank, int) and 0 <= rank < world_size):
@@ -133,14 +145,15 @@ class Producer:
             role,
             rank,
             world_size,
-            dict(expected_roles or {}),
+            dict(expected_roles_from_env() if expected_roles is None else expected_roles),
             metrics_url=metrics_url or "",
             logs=logs,
+            resume=resume_from_env() if resume is None else bool(resume),
         )
         declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
         self._sender = Sender(
             config=config,
-            registration=Registration(identity, random.getrandbits(63)),
+            registration=Registration(identity, new_producer_id()),
             queue=self._queue,
             wake=self._wake,
             transport=transport
@@ -194,11 +207,12 @@ class Producer:
                 c.invalid += 1
                 self._warn_once("no-logs", "log() of a producer made with logs=False: dropped")
                 return
-            if type(step) is not int or step < 0:
+            if type(step) is not int or not 0 <= step <= U63_MAX:
                 c.invalid += 1
                 self._warn_once(
                     f"step:{type(step).__name__}",
-                    f"step must be a non-negative int, got {step!r}: call dropped",
+                    f"step must be a non-negative int up to 2**63 - 1 (the wire's range), got "
+                    f"{step!r}: call dropped",
                 )
                 return
             if len(self._queue) >= self.config.max_pending:
@@ -275,7 +289,7 @@ class Producer:
         """Say this rank has finished every step up to ``step`` (logging a later step says so
         too). A rank that logs nothing at some steps calls this so the collector need not wait
         for it."""
-        if self._closed or not self.logs or type(step) is not int or step < 0:
+        if self._closed or not self.logs or type(step) is not int or not 0 <= step <= U63_MAX:
             return
         self._queue.append((DONE, step))
         self._wake.set()
@@ -321,10 +335,21 @@ class Producer:
 
     # ------------------------------------------------------------------ accounting
 
+    @property
+    def recorded_run(self) -> str:
+        """The run the collector records this producer's data under: ``run``, or a new
+        attempt of it (``run-2``...) when ``run`` had already ended there and this producer
+        does not resume it (known once the collector has answered)."""
+        return self._sender.recorded_run or self.run
+
     def stats(self) -> dict[str, int]:
         """Counters: calls queued (``logged``), messages sent and resent, messages awaiting
         acknowledgement, calls dropped (caller queue full, unacked buffer full, or still
-        unacknowledged at close), invalid values, non-finite samples left out, errors."""
+        unacknowledged at close; delivered but left out by the collector, which says so in
+        its acknowledgements: ``dropped_late`` for steps it had already emitted,
+        ``dropped_conflict`` while another process held this rank, ``dropped_rejected`` in
+        messages it rejected), calls larger than a message (``dropped_oversized``), invalid
+        values and names, non-finite samples left out, errors."""
         return combine(self._counters, self._sender.counters, unacked=self._sender.unacked)
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -8,6 +8,11 @@ name; a ``LAST`` metric takes exactly one sample.
 Names travel once: each distinct list of names an entry carries becomes a numbered table
 (:attr:`Encoder.tables`), declared in the producer's hello, and entries refer to it by number.
 A training loop logs the same names step after step, so a run needs a handful of tables.
+
+The collector's limits are applied here, before anything is sent (``DEFAULT_LIMITS``): a
+collector refuses a table with a name too long or too many names, so such names are dropped
+here instead, counted (``invalid``) and warned about once; and a table that would make the
+hello larger than a message may be is refused, its calls dropped (``dropped_oversized``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from producer.reduce import InvalidValue
 from producer.stats import Counters
 from schemas import protocol
 from schemas.catalog import Catalog
-from schemas.messages import TableDecl
+from schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
 from schemas.reductions import Reduction
 from schemas.values import Summary
 
@@ -33,6 +38,9 @@ _NUMBER = (float, int)
 _LAST = int(Reduction.LAST)
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
+_BAD_NAME = -1
+"""The cached code of a name the collector would refuse."""
+_CACHED_NAMES = 100_000
 
 
 class Encoder:
@@ -47,38 +55,61 @@ class Encoder:
         declared: Mapping[str, Reduction],
         counters: Counters,
         warn_once: Callable[[str, str], None],
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.catalog = catalog
         self.declared = declared
         self.counters = counters
         self.warn_once = warn_once
+        self.limits = limits
         self._kinds: dict[str, int] = {}
+        """Reduction code by name, ``_BAD_NAME`` for a name the collector would refuse."""
         self._table_ids: dict[tuple[str, ...], int] = {}
         self.tables: list[TableDecl] = []
         """Every table declared so far, in order: what the hello says."""
+        self._hello_bytes = 0
+        """What the tables take in the hello (:func:`protocol.declared_bytes`)."""
         self.new_tables = False
         """A table was added since the flag was last cleared: say hello before sending."""
 
-    def _kind(self, name: str) -> int:
-        code = self._kinds.get(name)
-        if code is None:
+    def _kind(self, name: object) -> int:
+        """The reduction code of a name first seen, or ``_BAD_NAME`` (counted by the caller,
+        warned about here) when no collector would take it."""
+        if type(name) is not str or not name:
+            self.warn_once(
+                f"name:{name!r:.80}", f"metric names must be non-empty strings, got {name!r:.80}"
+            )
+            return _BAD_NAME
+        longest = self.limits.max_name_length
+        if len(name) > longest or not _encodable(name):
+            self.warn_once(
+                "name-limit",
+                f"metric names must be UTF-8 strings of at most {longest} characters (the "
+                f"collector's limit): {name!r:.80} and any like it are dropped (counted as "
+                "invalid)",
+            )
+            code = _BAD_NAME
+        else:
             code = int(self.catalog.resolve(name, self.declared.get(name)).reduction)
+        if len(self._kinds) < _CACHED_NAMES:
             self._kinds[name] = code
         return code
 
-    def entry(self, step: int, t: float, payload: Mapping[Any, Any]) -> list | None:
+    def entry(self, step: int, t: float, payload: Mapping[Any, Any]) -> tuple | None:
         """The wire entry of one call; None when nothing in it is left to send."""
         names: list[str] = []
         kinds = bytearray()
         vals = array.array("d")
         nonfinite: dict[str, int] = {}
         c = self.counters
+        known = self._kinds
+        most = self.limits.max_names
         for name, v in payload.items():
-            if type(name) is not str or not name:
+            code = known.get(name) if type(name) is str else None
+            if code is None:
+                code = self._kind(name)
+            if code == _BAD_NAME:
                 c.invalid += 1
-                self.warn_once(
-                    f"name:{name!r}", f"metric names must be non-empty strings, got {name!r}"
-                )
                 continue
             if v is INVALID:
                 continue
@@ -101,7 +132,6 @@ class Encoder:
             if nf:
                 nonfinite[name] = nf
                 c.nonfinite += nf
-            code = self._kind(name)
             if code == _LAST and state.weight != 1.0:
                 if state.weight:
                     c.invalid += 1
@@ -110,6 +140,15 @@ class Encoder:
                         f"{name} keeps the last value: log a single number, not "
                         f"{state.weight:g} samples",
                     )
+                continue
+            if len(names) >= most:
+                c.invalid += 1
+                self.warn_once(
+                    "names-per-call",
+                    f"a log() call holds more than {most} metric names (the collector's limit "
+                    f"per entry): {name!r:.80} and the names after it are dropped (counted as "
+                    "invalid)",
+                )
                 continue
             vals.extend(state)
             names.append(name)
@@ -134,7 +173,29 @@ class Encoder:
                     f"{MAX_TABLES} distinct lists of metric names; entries with new ones dropped",
                 )
                 return None
+            size = protocol.declared_bytes(names, kinds)
+            if self._hello_bytes + size > protocol.MAX_PAYLOAD_BYTES:
+                self.counters.dropped_oversized += 1
+                self.warn_once(
+                    "hello-size",
+                    f"a new list of {len(names)} metric names would make this producer's hello "
+                    f"larger than {protocol.MAX_PAYLOAD_BYTES} bytes; log() calls with new "
+                    "name lists are dropped (counted in stats() as dropped_oversized)",
+                )
+                return None
+            self._hello_bytes += size
             table = self._table_ids[key] = len(self.tables)
             self.tables.append(TableDecl(table, names, bytes(kinds)))
             self.new_tables = True
         return table
+
+
+def _encodable(name: str) -> bool:
+    """Whether msgpack can carry ``name`` (a lone surrogate cannot be UTF-8 encoded)."""
+    if name.isascii():
+        return True
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

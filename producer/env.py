@@ -8,10 +8,46 @@ import time
 from collections.abc import Mapping
 
 from producer.transport import CurveKeys
+from schemas.errors import ConfigError
 
 ADDRESS_VAR = "RLPULSE_ADDRESS"
 """Collector address for workers that are not told one (Ray actors inherit it via runtime_env)."""
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
+
+
+RESUME_VAR = "RLPULSE_RESUME"
+"""``1``: producers continue their run even if it ended on the collector (a job restarted from
+a checkpoint under the same run name); otherwise such a run starts a new attempt there."""
+
+
+def resume_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """``RLPULSE_RESUME`` set to 1/true/yes; or a process torchrun restarted
+    (``TORCHELASTIC_RESTART_COUNT`` above 0), which continues the run it was part of."""
+    if environ.get(RESUME_VAR, "").strip().lower() in ("1", "true", "yes"):
+        return True
+    restarts = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return restarts.isdigit() and int(restarts) > 0
+
+
+EXPECTED_ROLES_VAR = "RLPULSE_EXPECTED_ROLES"
+"""Roles of the run that producers of this process declare (``driver=1,actor_train=8``):
+the collector waits for each by name, up to its ``liveness_s``, instead of emitting steps
+without one that registers late. verl's setup hook sets ``driver=1`` when it is unset."""
+
+
+def expected_roles_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """``RLPULSE_EXPECTED_ROLES`` as role -> world size ({} when unset); ConfigError naming
+    the variable when it is not ``role=size,...`` with sizes >= 1."""
+    raw = environ.get(EXPECTED_ROLES_VAR, "").strip()
+    roles: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        role, _, size = item.partition("=")
+        if not role.strip() or not size.strip().isdigit() or int(size) < 1:
+            raise ConfigError(
+                EXPECTED_ROLES_VAR, "must be role=world_size,... (driver=1,actor_train=8)", raw
+            )
+        roles[role.strip()] = int(size)
+    return roles
 
 
 RAY_NAMESPACE = "rlpulse"

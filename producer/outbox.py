@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from schemas import protocol
 from schemas.messages import TableDecl
 
+HOLD_LIMIT = 10
+"""Resend periods a producer the collector holds back waits for its wake-up before it
+sends again anyway."""
 HELLO_RETRY_S = 0.2
 """Until the collector acknowledges our hello, it is sent again this often."""
 
@@ -57,6 +60,8 @@ class Outbox:
         self._unacked_bytes = 0
         self._unsent: deque[Outgoing] = deque()
         self._progress_at = 0.0
+        self._held_at: float | None = None
+        """When the collector told us to hold (None: sending freely)."""
         self._flush_waiters: list[tuple[int, threading.Event]] = []
 
     # ------------------------------------------------------------------ numbering
@@ -87,8 +92,20 @@ class Outbox:
 
     # ------------------------------------------------------------------ sending
 
-    def next_unsent(self) -> Outgoing | None:
+    def next_unsent(self, now: float | None = None) -> Outgoing | None:
+        """The next message to send; None while the collector holds us back (for at most
+        ``HOLD_LIMIT`` resend periods: a lost wake-up must not stop us for good)."""
+        if self._held_at is not None:
+            if now is not None and now - self._held_at < HOLD_LIMIT * self.resend_s:
+                return None
+            self._held_at = None
+            self._unsent = deque(self._unacked)  # what we sent after the held one was dropped
         return self._unsent[0] if self._unsent else None
+
+    def hold(self, now: float) -> None:
+        """The collector applied nothing after the last acknowledged message and asks us to
+        wait (flow control) until it says ``resend``."""
+        self._held_at = now
 
     def sent(self) -> None:
         """The message :meth:`next_unsent` returned went out."""
@@ -96,6 +113,7 @@ class Outbox:
 
     def resend_all(self, now: float) -> int:
         """Send everything unacknowledged again, in order; return how many are repeats."""
+        self._held_at = None
         repeats = len(self._unacked) - len(self._unsent)
         if self._unacked:
             self._unsent = deque(self._unacked)
@@ -103,7 +121,10 @@ class Outbox:
         return repeats
 
     def stalled(self, now: float) -> bool:
-        """Everything went out, yet nothing was acknowledged for ``resend_s``."""
+        """Everything went out, yet nothing was acknowledged for ``resend_s`` (and the
+        collector is not holding us back)."""
+        if self._held_at is not None:
+            return False
         return bool(self._unacked) and not self._unsent and now - self._progress_at > self.resend_s
 
     # ------------------------------------------------------------------ acknowledgements
@@ -156,6 +177,8 @@ class Identity:
     """The Prometheus endpoint this process serves, registered for discovery ("" for none)."""
     logs: bool = True
     """False: registers ``metrics_url`` only; the collector does not count it as a rank."""
+    resume: bool = False
+    """Continue the run even if it has ended on the collector (``schemas.messages.Hello``)."""
 
 
 class Registration:
@@ -195,6 +218,7 @@ class Registration:
             tables=tables,
             metrics_url=ident.metrics_url,
             logs=ident.logs,
+            resume=ident.resume,
         )
 
     @property

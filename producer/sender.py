@@ -5,7 +5,12 @@ Only this thread touches the transport (sockets are not thread-safe). It wakes w
 queues work, and at least every ``POLL_S`` (every ``GPU_POLL_S`` while a call waits for its
 GPU values) to read acknowledgements and send heartbeats. Calls are drained into as few
 messages as possible: one frame with many entries is an order of magnitude cheaper than one
-frame each. Numbering, acknowledgements and resends are :class:`~producer.outbox.Outbox`'s;
+frame each, up to ``MAX_ENTRIES_PER_MESSAGE`` entries and ``protocol.MAX_PAYLOAD_BYTES``
+bytes (a collector refuses a larger message; a call larger than that alone is dropped and
+counted, ``dropped_oversized``). Nothing a call holds may stop this thread: a call that
+cannot be encoded is dropped and counted. A message the collector refused anyway is
+acknowledged as rejected, and its calls are counted (``dropped_rejected``), not resent.
+Numbering, acknowledgements and resends are :class:`~producer.outbox.Outbox`'s;
 encoding is :class:`~producer.encode.Encoder`'s; bytes go through a
 :class:`~producer.transport.Transport`.
 """
@@ -86,6 +91,10 @@ class Sender(threading.Thread):
         self._step: tuple[int, float] | None = None
         """The latest step a log() call reached the sender with, and that call's time."""
         self._done_through = -1
+        self.recorded_run = ""
+        """The run the collector records us under, when it says it is not ours (an attempt)."""
+        self._told = {"dropped_late": 0, "dropped_conflict": 0, "dropped_rejected": 0}
+        """The collector's cumulative counts of our entries it left out, as last told."""
 
     @property
     def unacked(self) -> int:
@@ -128,7 +137,12 @@ class Sender(threading.Thread):
         return sent
 
     def _say_hello(self) -> None:
-        hello = self.registration.hello(self.outbox.base(), self.encoder.tables)
+        try:
+            hello = self.registration.hello(self.outbox.base(), self.encoder.tables)
+        except Exception as exc:  # the encoder keeps tables encodable: a bug, counted
+            self.counters.errors += 1
+            self.warn_once("hello", f"could not encode the hello ({exc!r}); nothing is sent")
+            return
         if self._send(hello):
             self.registration.sent_at = time.monotonic()
 
@@ -142,7 +156,7 @@ class Sender(threading.Thread):
         before the hello has on this connection."""
         box = self.outbox
         while self._connected and self.registration.data_may_follow:
-            item = box.next_unsent()
+            item = box.next_unsent(time.monotonic())
             if item is None or not self._send(item.payload):
                 return
             box.sent()
@@ -158,9 +172,64 @@ class Sender(threading.Thread):
             if isinstance(msg, protocol.Ack):
                 self.registration.answered = True  # any ack, a hello's answer included
                 self.outbox.ack(msg.seq, time.monotonic())
+                if msg.hold:  # ahead of the other ranks: wait until the collector has room
+                    self.outbox.hold(time.monotonic())
+                if msg.resend:  # the collector has room again
+                    self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
+                if msg.late or msg.conflict or msg.rejected or msg.run:
+                    self._feedback(msg)
+
+    def _feedback(self, ack: protocol.Ack) -> None:
+        """Count what the collector says it left out, and the run it records us under."""
+        ident = self.registration.identity
+        for key, told in (
+            ("dropped_late", ack.late),
+            ("dropped_conflict", ack.conflict),
+            ("dropped_rejected", ack.rejected),
+        ):
+            last, self._told[key] = self._told[key], told
+            # Less than before: a collector that restarted without its state counts afresh.
+            new = told - last if told >= last else told
+            if new > 0:
+                setattr(self.counters, key, getattr(self.counters, key) + new)
+                if key == "dropped_late":
+                    why = (
+                        "their step had already been emitted: a rank far behind the others, "
+                        "or a run name reused with resume=True"
+                    )
+                elif key == "dropped_conflict":
+                    why = (
+                        f"another process registered as {ident.role}/{ident.rank} of this run "
+                        "after this one"
+                    )
+                else:
+                    why = "it rejected their message as malformed: its log says why"
+                self.warn_once(
+                    key,
+                    f"the collector left out log() calls of this producer ({why}); counted in "
+                    f"stats()[{key!r}]",
+                )
+        if ack.run and ack.run != self.recorded_run:
+            self.recorded_run = ack.run
+            self.warn_once(
+                "attempt",
+                f"run {ident.run!r} had already ended on the collector: this process is "
+                f"recorded as a new attempt, {ack.run!r} (pass resume=True, or set "
+                "RLPULSE_RESUME=1, to continue the run instead)",
+            )
 
     def _enqueue(self, encode: Callable[[int], bytes], entries: int) -> None:
-        if not self.outbox.add(encode, entries):
+        try:
+            added = self.outbox.add(encode, entries)
+        except Exception as exc:  # a value the wire cannot carry must not end this thread
+            self.counters.errors += max(entries, 1)
+            self.warn_once(
+                f"encode-message:{type(exc).__name__}",
+                f"could not encode a message ({exc!r}); its {entries} log() calls are dropped "
+                "(counted in stats() as errors)",
+            )
+            return
+        if not added:
             self.counters.dropped_buffer_full += max(entries, 1)
             self.warn_once(
                 "buffer-full",
@@ -182,6 +251,7 @@ class Sender(threading.Thread):
                     self._sample_gpus(item[1], item[2])
             waiting.append(item)
         entries: list[tuple] = []
+        size = 0  # what the entries take in a message, at most (protocol.packed_bytes)
         while waiting:
             item = waiting[0]
             kind = item[0]
@@ -190,12 +260,17 @@ class Sender(threading.Thread):
                 if ready is None:
                     break
                 waiting.popleft()
-                entry = self._encode(ready)
-                if entry is not None:
-                    entries.append(entry)
-                    if len(entries) >= MAX_ENTRIES_PER_MESSAGE:
+                encoded = self._encode(ready)
+                if encoded is not None:
+                    entry, nbytes = encoded
+                    if entries and (
+                        len(entries) >= MAX_ENTRIES_PER_MESSAGE
+                        or size + nbytes > protocol.MAX_PAYLOAD_BYTES
+                    ):
                         self._flush_entries(entries)
-                        entries = []
+                        entries, size = [], 0
+                    entries.append(entry)
+                    size += nbytes
                 continue
             waiting.popleft()
             if kind == DONE:
@@ -205,7 +280,7 @@ class Sender(threading.Thread):
             else:  # FLUSH marker: set once everything before it is acknowledged
                 self._flush_entries(entries)
                 self.outbox.when_acked(item[1])
-            entries = []
+            entries, size = [], 0
         self._flush_entries(entries)
 
     def _flush_entries(self, entries: list[tuple], done: int = -1) -> None:
@@ -251,14 +326,18 @@ class Sender(threading.Thread):
             f"a log() call's GPU values could not be read ({exc!r}); that call is dropped",
         )
 
-    def _encode(self, item: tuple) -> list | None:
+    def _encode(self, item: tuple) -> tuple[tuple, int] | None:
+        """The wire entry of a call and its size in a message at most; None when nothing is
+        left to send of it (dropped and counted, if it was too large)."""
         _, step, t, payload, waits, _ = item
         if self._step is None or step >= self._step[0]:
             self._step = (step, t)
-        entry = None
+        encoded = None
         if payload is not None:
             try:
                 entry = self.encoder.entry(step, t, payload)
+                if entry is not None:
+                    encoded = (entry, protocol.packed_bytes(entry))
             except Exception as exc:  # never let one bad value kill the thread
                 self.counters.errors += 1
                 self.warn_once(
@@ -269,7 +348,16 @@ class Sender(threading.Thread):
                 pending.release()
             except Exception:  # giving back an event: nothing to lose, but count it
                 self.counters.errors += 1
-        return entry
+        if encoded is not None and encoded[1] > protocol.MAX_PAYLOAD_BYTES:
+            self.counters.dropped_oversized += 1
+            self.warn_once(
+                "oversized",
+                f"a log() call at step {step} takes up to {encoded[1]} bytes, more than the "
+                f"{protocol.MAX_PAYLOAD_BYTES} a message may hold: dropped (counted in stats() "
+                "as dropped_oversized); log fewer names per call",
+            )
+            return None
+        return encoded
 
     # ------------------------------------------------------------------ GPU state
 

@@ -39,10 +39,17 @@ from runtools.runs import Run, RunFileError, load_run, load_runs
 from runtools.timeline import draw_timeline, load_trace, parse_steps
 
 
-def _report(args: argparse.Namespace, stdout: TextIO) -> int:
+def _warn_repeats(run: Run, command: str, stderr: TextIO) -> None:
+    warning = run.repeat_warning()
+    if warning:
+        print(f"rlpulse {command}: warning: {warning}", file=stderr)
+
+
+def _report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     if args.timeline:
         return _timeline(args, stdout)
     run = load_run(args.jsonl, args.run)
+    _warn_repeats(run, "report", stderr)
     out = Path(args.out) if args.out else _default_png(Path(args.jsonl), args.run)
     panels = draw_report(run, out)
     drawn = sum(1 for p in panels if p.names)
@@ -111,6 +118,7 @@ def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         else:
             config = None
         for run in load_runs(path).values():
+            _warn_repeats(run, "compare", stderr)
             runs.append(run)
             labels.append(run.name)
             configs.append(config)
@@ -180,7 +188,7 @@ def main(argv: list[str], stdout: TextIO | None = None, stderr: TextIO | None = 
     args = parser().parse_args(argv)
     try:
         if args.command == "report":
-            return _report(args, stdout)
+            return _report(args, stdout, stderr)
         return _compare(args, stdout, stderr)
     except (RunFileError, CompareError, ReportError) as exc:
         print(f"rlpulse {args.command}: {exc}", file=stderr)

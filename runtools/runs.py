@@ -51,6 +51,19 @@ class Run:
     series: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
     partial: int = 0
     source: str = ""
+    repeated: int = 0
+    """Steps the file holds more than once (two jobs under one run name appended to one
+    file, or a run replayed into it): the last of each is used, and the tools warn."""
+
+    def repeat_warning(self) -> str | None:
+        """What to tell the user when the file held some of this run's steps twice."""
+        if not self.repeated:
+            return None
+        return (
+            f"run {self.name!r} in {self.source}: {self.repeated} steps appear more than once "
+            "(two jobs wrote under this run name, or steps were re-emitted); the last of each "
+            "is used: give each job its own run name, or --resume a run on purpose"
+        )
 
     def has(self, name: str) -> bool:
         return bool(self.series.get(name))
@@ -87,6 +100,7 @@ def load_runs(path: str | Path) -> dict[str, Run]:
     except OSError as exc:
         raise RunFileError(path, f"cannot read: {exc.strerror}") from None
     records: dict[str, dict[int, StepRecord]] = {}
+    repeated: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -94,10 +108,15 @@ def load_runs(path: str | Path) -> dict[str, Run]:
             record = StepRecord.from_json(json.loads(line))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RunFileError(path, f"not a step record ({exc})", number) from None
-        records.setdefault(record.run, {})[record.step] = record  # a replayed step: last wins
+        steps = records.setdefault(record.run, {})
+        if record.step in steps:  # a repeated step: counted, and the last one wins
+            repeated[record.run] = repeated.get(record.run, 0) + 1
+        steps[record.step] = record
     if not records:
         raise RunFileError(path, "holds no steps")
-    return {name: _run(name, steps, str(path)) for name, steps in records.items()}
+    return {
+        name: _run(name, steps, str(path), repeated.get(name, 0)) for name, steps in records.items()
+    }
 
 
 def load_run(path: str | Path, run: str | None = None) -> Run:
@@ -112,7 +131,7 @@ def load_run(path: str | Path, run: str | None = None) -> Run:
     return runs[run]
 
 
-def _run(name: str, by_step: Mapping[int, StepRecord], source: str) -> Run:
+def _run(name: str, by_step: Mapping[int, StepRecord], source: str, repeated: int = 0) -> Run:
     steps = tuple(sorted(by_step))
     series: dict[str, list[tuple[int, float]]] = {}
     for step in steps:
@@ -124,4 +143,5 @@ def _run(name: str, by_step: Mapping[int, StepRecord], source: str) -> Run:
         series={k: tuple(v) for k, v in series.items()},
         partial=sum(1 for r in by_step.values() if r.partial),
         source=source,
+        repeated=repeated,
     )

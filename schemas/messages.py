@@ -32,19 +32,36 @@ STAT_KEYS = (
     "dropped_queue_full",
     "dropped_buffer_full",
     "dropped_send",
+    "dropped_late",
+    "dropped_conflict",
     "invalid",
     "nonfinite",
     "errors",
+    "dropped_oversized",
+    "dropped_rejected",
 )
 """Producer counters carried by heartbeats and the goodbye (see ``producer.stats()``)."""
-DROP_KEYS = ("dropped_queue_full", "dropped_buffer_full", "dropped_send")
+COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected")
+"""Drops the collector counts itself and reports back in its acknowledgements."""
+DROP_KEYS = (
+    "dropped_queue_full",
+    "dropped_buffer_full",
+    "dropped_send",
+    "dropped_oversized",
+    *COLLECTOR_DROP_KEYS,
+)
 """The counters of ``log()`` calls a producer dropped: its queue full, its unacknowledged
-buffer full, or still unacknowledged when it closed."""
+buffer full, still unacknowledged when it closed, or alone larger than a message may be; or
+delivered but not merged by the collector, which says so in its acknowledgements: late (their
+step was already emitted), refused because another process holds the producer's (role, rank)
+slot, or in a message the collector rejected as malformed."""
 ROW_BYTES = WIDTH * 8
 """Bytes of one state on the wire."""
 KIND_CODES = frozenset(int(r) for r in Reduction)
 
-U63 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+U63_MAX = 2**63 - 1
+"""The largest step, sequence number or count the wire carries (msgpack's signed range)."""
+U63 = Annotated[int, Meta(ge=0, le=U63_MAX)]
 Size = Annotated[int, Meta(ge=1, le=1 << 24)]
 Rank = Annotated[int, Meta(ge=0, le=1 << 24)]
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
@@ -157,6 +174,10 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     logs: bool = True
     """False: the producer only registers ``metrics_url`` and logs nothing, so it is no rank
     of its run: the collector never waits for it."""
+    resume: bool = False
+    """The producer continues a run that may already have ended on this collector (a job
+    restarted from a checkpoint): the collector then continues that run instead of starting
+    a new attempt of it (``collector.membership``)."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
@@ -192,10 +213,28 @@ class Bye(Struct, array_like=True, frozen=True, gc=False, tag=25):
 
 
 class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
-    """Collector to producer: every reliable message up to ``seq`` is durably accepted."""
+    """Collector to producer: every reliable message up to ``seq`` is durably accepted.
+
+    Accepted is not merged: ``late`` and ``conflict`` count, cumulatively, the producer's
+    entries the collector delivered but left out (their step was already emitted; another
+    process holds the producer's slot), so the producer's ``stats()`` says what it lost.
+    ``run`` is the run the collector records the producer under, when it differs from the
+    name the producer gave (a new attempt of a run that already ended: ``name-2``).
+    ``rejected`` counts, cumulatively, the entries of the producer's messages the collector
+    rejected as malformed but acknowledged all the same, so they are not resent forever."""
 
     producer: U63
     seq: U63
+    late: U63 = 0
+    conflict: U63 = 0
+    run: str = ""
+    rejected: U63 = 0
+    hold: bool = False
+    """Stop sending data for now: the collector holds this producer back (it is ahead of
+    the others and its run holds ``max_open_steps`` open steps); nothing after ``seq`` was
+    applied. A later ack with ``resend`` lets it go on."""
+    resend: bool = False
+    """Send again, now, everything not acknowledged: the collector has room again."""
 
 
 class Member(Struct, array_like=True, frozen=True, gc=False):
@@ -212,7 +251,8 @@ class Member(Struct, array_like=True, frozen=True, gc=False):
     gone: bool = False
     metrics_url: str = ""
     logs: bool = True
-    """``metrics_url`` and ``logs`` as in :class:`Hello`."""
+    resume: bool = False
+    """``metrics_url``, ``logs`` and ``resume`` as in :class:`Hello`."""
 
 
 class RelayHello(Struct, array_like=True, frozen=True, gc=False, tag=27):

@@ -136,12 +136,17 @@ CRITIC_REWARDS = family(
     "Reward that enters the advantage, for one non-empty response: the sum of its token-level "
     "rewards, i.e. its score after batch normalisation (unbiased std) and clipping, minus "
     "kl_coef times its summed k1 KL to the reference when ppo.kl_placement is reward. ROLL and "
-    "verl both report token_level_rewards.sum(-1), after the KL penalty.",
+    "verl both report token_level_rewards.sum(-1), after the KL penalty. With GRPO, the raw "
+    "score, from which the group standardisation makes the advantage (as verl reports it).",
 )
 CRITIC_ADVANTAGES = family(
     "critic/advantages",
     "1",
-    "Advantage of one response token (after whitening); pooled over tokens (ROLL and verl).",
+    "Advantage of one response token; pooled over tokens (ROLL and verl). PPO: GAE (whitened "
+    "with ppo.whiten_advantages). "
+    "GRPO: the response's raw score standardised within its prompt's group, (score - mean) / "
+    "(std + 1e-6) with the unbiased std, as verl (compute_grpo_outcome_advantage) and ROLL "
+    "(group_reward_norm) compute it.",
 )
 CRITIC_RETURNS = family(
     "critic/returns", "1", "Return of one response token; pooled over tokens (ROLL and verl)."

@@ -9,7 +9,10 @@ is still accepted: :func:`decode` tells them apart by the first byte (a map is v
 hands version 1 to ``schemas.protocol_v1``. Acks keep the version-1 form, which producers of
 both versions read. :func:`decode` raises :class:`SchemaError` naming what was wrong; nothing
 it returns needs checking again, but for the rows of values, which the collector checks
-against their table, in bulk.
+against their table, in bulk. Two refusals are partial: a hello's bad table is left out (the
+rest of the hello stands, see :func:`decode`), and a data message refused whole can still be
+placed in its producer's numbering (:func:`rejected`), so one bad message never stalls the
+messages after it.
 
 >>> msg = decode(encode_hello(7, 0, run="r", role="actor_train", rank=1, world_size=2))
 >>> (msg.run, msg.role, msg.rank, msg.world_size)
@@ -30,11 +33,13 @@ from schemas import protocol_v1
 from schemas.endpoint import MetricsUrl
 from schemas.errors import SchemaError
 from schemas.messages import (
+    COLLECTOR_DROP_KEYS as COLLECTOR_DROP_KEYS,
     DEFAULT_LIMITS as DEFAULT_LIMITS,
     DROP_KEYS as DROP_KEYS,
     RELIABLE as RELIABLE,
     ROW_BYTES as ROW_BYTES,
     STAT_KEYS as STAT_KEYS,
+    U63 as U63,
     Ack as Ack,
     Bye as Bye,
     Delta as Delta,
@@ -59,9 +64,20 @@ _ENCODER = msgspec.msgpack.Encoder()
 _PATH = re.compile(r"at `\$((?:\[\d+\])*)`")
 _MAP_FIRST_BYTES = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 encode_ack = protocol_v1.encode_ack
+MAX_PAYLOAD_BYTES = DEFAULT_LIMITS.max_bytes - 64 * 1024
+"""The most a producer puts in one message, by :func:`packed_bytes`: its entries, or its
+hello's tables. The decoder's default limit, less room for the envelope and the hello's
+labels (the estimates are upper bounds already)."""
 
 
 # ---------------------------------------------------------------------------- encoding
+
+
+def new_producer_id() -> int:
+    """A producer's (or relay's) id: 63 bits from the operating system's randomness. Never
+    from the ``random`` module: every training program seeds it, so ranks (and runs) seeded
+    alike would draw the same id and the collector would take one's data for the other's."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def encode_hello(
@@ -78,6 +94,7 @@ def encode_hello(
     tables: Sequence[TableDecl] = (),
     metrics_url: str = "",
     logs: bool = True,
+    resume: bool = False,
 ) -> bytes:
     return _ENCODER.encode(
         Hello(
@@ -93,6 +110,7 @@ def encode_hello(
             list(tables),
             metrics_url,
             logs,
+            resume,
         )
     )
 
@@ -103,6 +121,21 @@ def pack_entry(
     """One entry in wire form: ``table`` is the number of a table the hello declared;
     ``values`` is 4 little-endian float64 per name of it; ``nonfinite`` counts by name."""
     return (step, t, table, values, dict(nonfinite or {}))
+
+
+def packed_bytes(entry: tuple) -> int:
+    """An upper bound of the bytes one :func:`pack_entry` entry takes in a metrics message
+    (msgpack: at most 9 bytes per integer or float, 5 per string, bytes or map header)."""
+    _, _, _, values, nonfinite = entry
+    size = 48 + len(values)
+    for name in nonfinite:
+        size += 14 + len(name.encode())
+    return size
+
+
+def declared_bytes(names: Sequence[str], kinds: bytes) -> int:
+    """An upper bound of the bytes a :class:`TableDecl` of these names takes in a hello."""
+    return 24 + len(kinds) + sum(5 + len(name.encode()) for name in names)
 
 
 def encode_metrics(producer: int, seq: int, entries: Sequence[tuple], done: int = -1) -> bytes:
@@ -148,7 +181,28 @@ def _reason(buf: bytes, exc: msgspec.ValidationError) -> SchemaError:
     return SchemaError("bad_field", detail)
 
 
-def _checked(msg: Message, limits: Limits) -> Message:
+def _valid_tables(
+    msg: Hello | RelayHello, limits: Limits, problems: list[SchemaError] | None
+) -> Hello | RelayHello:
+    """``msg`` without the tables that break the limits, each reported in ``problems``: one
+    bad name must not cost the producer its other tables (entries of a table left out are
+    then counted ``bad_table``, one by one)."""
+    if len({t.id for t in msg.tables}) != len(msg.tables):
+        raise SchemaError("bad_field", "a hello declares the same table number twice")
+    bad: set[int] = set()
+    for decl in msg.tables:
+        try:
+            Table.checked(decl.names, decl.kinds, limits)
+        except SchemaError as exc:
+            bad.add(decl.id)
+            if problems is not None:
+                problems.append(SchemaError(exc.reason, f"table {decl.id}: {exc.detail}", decl.id))
+    if not bad:
+        return msg
+    return msgspec.structs.replace(msg, tables=[t for t in msg.tables if t.id not in bad])
+
+
+def _checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) -> Message:
     """What the structs' types cannot say: limits, and the tables of a hello."""
     if type(msg) is Metrics:
         if not 0 < len(msg.entries) <= limits.max_entries:
@@ -172,15 +226,9 @@ def _checked(msg: Message, limits: Limits) -> Message:
                 "bad_field", f"rank {msg.rank} is not below world size {msg.world_size}"
             )
         protocol_v1.checked_roles(msg.expected, lab)
-        if len({t.id for t in msg.tables}) != len(msg.tables):
-            raise SchemaError("bad_field", "a hello declares the same table number twice")
-        for decl in msg.tables:
-            Table.checked(decl.names, decl.kinds, limits)
         _checked_endpoint(msg.metrics_url, msg.logs)
-        return msg
+        return _valid_tables(msg, limits, problems)
     if type(msg) is RelayHello:
-        for decl in msg.tables:
-            Table.checked(decl.names, decl.kinds, limits)
         for member in msg.members:
             lab = limits.max_label_length
             if not (0 < len(member.run) <= lab and 0 < len(member.role) <= lab):
@@ -188,7 +236,7 @@ def _checked(msg: Message, limits: Limits) -> Message:
             if member.rank >= member.world_size:
                 raise SchemaError("bad_field", "a member's rank is not below its world size")
             _checked_endpoint(member.metrics_url, member.logs)
-        return msg
+        return _valid_tables(msg, limits, problems)
     if type(msg) is Delta:
         lab = limits.max_label_length
         if not len(msg.run) <= lab:
@@ -210,9 +258,12 @@ def _checked_endpoint(metrics_url: str, logs: bool) -> None:
         raise SchemaError("bad_field", "a producer that logs nothing must register a metrics URL")
 
 
-def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
+def decode(
+    buf: bytes, limits: Limits = DEFAULT_LIMITS, problems: list[SchemaError] | None = None
+) -> Message:
     """Parse and validate one message of either version; raise :class:`SchemaError` saying
-    what is wrong."""
+    what is wrong. A hello (or a relay's) with tables that break the limits is returned
+    without them, and each left-out table is appended to ``problems`` (its id in ``data``)."""
     if len(buf) > limits.max_bytes:
         raise SchemaError(
             "oversized", f"message of {len(buf)} bytes exceeds the limit of {limits.max_bytes}"
@@ -227,7 +278,56 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
         raise SchemaError(
             "bad_msgpack", f"not a msgpack document: {type(exc).__name__}: {exc}"[:200]
         ) from None
-    return _checked(msg, limits)
+    return _checked(msg, limits, problems)
+
+
+class Rejected(msgspec.Struct, frozen=True, gc=False):
+    """A data message the collector refused, as far as it can still be read: whose it is,
+    its number, why it was refused, and how many entries (``log()`` calls) it held. It takes
+    the message's place in the producer's numbering (``collector.delivery``), and the
+    acknowledgement tells the producer what it lost, so the messages after it go on.
+
+    >>> rejected(encode_done(7, 3, 2**63), SchemaError("bad_step", "too large"))
+    Rejected(producer=7, seq=3, reason='bad_step', entries=0)
+    """
+
+    producer: int
+    seq: int
+    reason: str
+    entries: int
+
+
+class _Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The first fields every version-2 data message starts with (the rest is skipped)."""
+
+    tag: int
+    producer: U63
+    seq: U63
+    body: msgspec.Raw = msgspec.Raw(b"")
+
+
+_HEADER = msgspec.msgpack.Decoder(_Header)
+_ENTRY_COUNT = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_SEQUENCED_TAGS = frozenset(TAGS[kind] for kind in RELIABLE)
+
+
+def rejected(buf: bytes, error: SchemaError) -> Rejected | None:
+    """The :class:`Rejected` stand-in of a version-2 data message :func:`decode` refused with
+    ``error``, when its type, producer and number can still be read; None otherwise (the
+    message is then dropped unacknowledged, as any unreadable one)."""
+    try:
+        head = _HEADER.decode(buf)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if head.tag not in _SEQUENCED_TAGS:
+        return None
+    entries = 0
+    if head.tag == TAGS[Metrics]:
+        try:
+            entries = len(_ENTRY_COUNT.decode(head.body))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            entries = 1  # lost, whatever it held: count at least one call
+    return Rejected(head.producer, head.seq, error.reason, entries)
 
 
 def now() -> float:

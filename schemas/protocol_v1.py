@@ -105,8 +105,32 @@ def encode_bye(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:
     return _pack({"v": VERSION, "t": BYE, "p": producer, "q": seq, "st": dict(stats)})
 
 
-def encode_ack(producer: int, seq: int) -> bytes:
-    return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq})
+def encode_ack(
+    producer: int,
+    seq: int,
+    late: int = 0,
+    conflict: int = 0,
+    run: str = "",
+    rejected: int = 0,
+    resend: bool = False,
+    hold: bool = False,
+) -> bytes:
+    """An acknowledgement (:class:`~schemas.messages.Ack`); the feedback keys are sent only
+    when set, and a producer that predates them ignores them."""
+    extra: dict = {}
+    if late:
+        extra["l"] = late
+    if conflict:
+        extra["c"] = conflict
+    if run:
+        extra["r"] = run
+    if rejected:
+        extra["x"] = rejected
+    if resend:
+        extra["w"] = True
+    if hold:
+        extra["h"] = True
+    return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq, **extra})
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -284,5 +308,20 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     if kind == BYE:
         return Bye(producer, seq, _stats(obj))
     if kind == ACK:
-        return Ack(producer, seq)
+        run = obj.get("r", "")
+        if type(run) is not str or len(run) > limits.max_label_length:
+            raise SchemaError(
+                "bad_field", f"an ack's run ('r') must be a run name, got {run!r:.80}"
+            )
+        counts = {k: obj.get(k, 0) for k in ("l", "c", "x")}
+        return Ack(
+            producer,
+            seq,
+            _int(counts, "l", "late count"),
+            _int(counts, "c", "conflicts"),
+            run,
+            _int(counts, "x", "rejected count"),
+            obj.get("h") is True,
+            obj.get("w") is True,
+        )
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")

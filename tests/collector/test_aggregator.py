@@ -180,18 +180,34 @@ def test_data_from_an_unregistered_producer_is_counted_not_merged() -> None:
 
 
 def test_restarted_worker_takes_over_its_slot() -> None:
+    """The replaced process's data for the open step is withdrawn: the step holds the new
+    process's data only, once, and is complete."""
     h = Harness()
     h.send(hello(1, rank=0, ws=1), metrics(1, 0, {LOSS: 1.0}))
     h.send(hello(2, rank=0, ws=1), metrics(2, 0, {LOSS: 3.0}), P.Done(2, 1, 0))
-    assert h.records[0].metrics[LOSS] == 2.0 and not h.records[0].partial
+    (rec,) = h.records
+    assert rec.metrics[LOSS] == 3.0 and not rec.partial and rec.ranks == 1
+    assert h.agg.health.rank_takeovers == 1
 
 
 def test_too_many_open_steps_emit_the_oldest() -> None:
-    h = Harness(max_open_steps=3, liveness_s=1000)
+    """Past the hard bound (8 x max_open_steps) the oldest steps go out partial; below it a
+    producer that runs ahead is held back instead (``admits``, the daemon's business)."""
+    h = Harness(max_open_steps=2, liveness_s=1000)
     h.send(hello(1, rank=0, ws=2))
-    for step in range(6):
+    for step in range(19):
         h.send(metrics(1, step, {LOSS: 1.0}))
     assert h.steps() == [0, 1, 2] and all(r.partial for r in h.records)
+
+
+def test_a_producer_ahead_of_a_full_window_is_not_admitted() -> None:
+    h = Harness(max_open_steps=2, liveness_s=1000)
+    h.send(hello(1, rank=0, ws=2), metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))
+    assert h.agg.admits(metrics(1, 1, {LOSS: 2.0})) and not h.agg.admits(metrics(1, 2, {LOSS: 2.0}))
+    assert not h.agg.has_room(1)
+    # Rank 1 still owes the oldest open step: its data is always admitted, whatever it opens.
+    h.send(hello(2, rank=1, ws=2))
+    assert h.agg.admits(metrics(2, 5, {LOSS: 2.0}))
 
 
 def test_name_cardinality_is_bounded() -> None:

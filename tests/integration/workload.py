@@ -53,9 +53,12 @@ def run_rank(
     close_timeout_s: float = 2.0,
     max_unacked: int = 10_000,
     stats_path: str | None = None,
+    first_step: int = 0,
+    die_mid: int | None = None,
 ) -> str:
-    """Log ``steps`` steps of ``rank_values``; returns the address the producer used
-    (``address`` None: the producer's default)."""
+    """Log steps ``first_step`` to ``steps - 1`` of ``rank_values``; returns the address the
+    producer used (``address`` None: the producer's default). ``die_after``: SIGKILL itself
+    once that step is delivered; ``die_mid``: once the first half of that step is."""
     p = Producer(
         address,
         run=run,
@@ -66,12 +69,15 @@ def run_rank(
     )
     worst = 0.0
     with p:
-        for step in range(steps):
+        for step in range(first_step, steps):
             d = rank_values(role, rank, step)
             n = int(d["mask"].sum())
             started = time.perf_counter()
             p.log({ADV: Masked(d["values"], d["mask"]), LOSS: Weighted(d["loss"], n)}, step=step)
             worst = max(worst, time.perf_counter() - started)
+            if die_mid is not None and step == die_mid:
+                p.flush(5)
+                os.kill(os.getpid(), signal.SIGKILL)
             p.log({CLIP: Fraction(min(d["clipped"], n), n), T_TOTAL: d["time"]}, step=step)
             if die_after is not None and step == die_after:
                 p.flush(5)

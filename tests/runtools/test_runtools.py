@@ -47,6 +47,19 @@ def test_load_runs_reads_every_step_and_keeps_the_last_copy_of_a_replayed_one(
     assert load_run(PPO).max(M.ACTOR_REF_KL.name) == 0.125
 
 
+def test_report_and_compare_warn_about_a_run_appended_twice(tmp_path: Path) -> None:
+    """Two jobs under one run name appended to one jsonl: the tools say so (before, compare
+    reported the steps once, without a word)."""
+    path = tmp_path / "twice.jsonl"
+    path.write_text(PPO.read_text() + PPO.read_text())
+    assert load_run(path).repeated == 8 and load_run(PPO).repeated == 0
+    code, _, err = run_cli("compare", str(path))
+    assert code == 0 and "8 steps appear more than once" in err
+    code, _, err = run_cli("report", str(path), "--out", str(tmp_path / "r.png"))
+    assert code == 0 and "8 steps appear more than once" in err
+    assert "appear more than once" not in run_cli("compare", str(PPO))[2]
+
+
 def test_a_file_with_several_runs_needs_a_name(tmp_path: Path) -> None:
     both = tmp_path / "both.jsonl"
     both.write_text(DEMO.read_text() + PPO.read_text())
