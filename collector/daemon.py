@@ -12,7 +12,15 @@ thread (``collector.fanout``). Per receive batch:
 
 SIGTERM/SIGINT: drain the socket, then emit open steps flagged partial (without
 ``state_dir``; with it they stay in the log and complete after the next start), write and
-close the sinks, exit 0.
+close the sinks, exit 0. SIGUSR1 (:meth:`Collector.finish`): the job is over, so open steps
+are emitted and written even with ``state_dir`` (``collector.onray``'s ``stop()``); what a
+stop left unwritten is then in ``state_dir/stopped.json``.
+
+A full disk under ``state_dir``: a write of the logs that fails leaves nothing half written
+and is retried every ``RETRY_S``; meanwhile nothing is received or acknowledged (producers keep
+their data and resend it), step timers stand still, ``rlpulse_collector_state_writable`` is 0
+and ``rlpulse_collector_disk_errors_total`` counts the failures; one error is logged, then a
+reminder a minute at most. Writing resumes by itself once there is space.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from collector.discovery import PUBLISH_S, Discovery
 from collector.durable import DurableState
 from collector.fanout import FanOut
 from collector.health import Health
+from collector.ratelog import RateLimitedLog
 from collector.receiver import Endpoint, Receiver
 from collector.relay import RelayAggregator
 from collector.sinks import build_sink
@@ -47,6 +56,8 @@ log = logging.getLogger("rlpulse.collector")
 POLL_MS = 20
 BATCH = 2000
 """Messages received between two checks of the step timers."""
+RETRY_S = 1.0
+"""While ``state_dir`` cannot be written (a full disk), how often writing is tried again."""
 
 
 class Collector:
@@ -68,12 +79,19 @@ class Collector:
     ) -> None:
         self.config = config
         self.health = Health()
+        self.health.state_writable = 1
         self._clock = clock
+        self._stalled_since: float | None = None
+        """When writing ``state_dir`` started failing (None: it works)."""
+        self._paused_s = 0.0
+        self._disk_errors = 0
+        self._disk_log = RateLimitedLog(log, interval_s=60.0)
         self._stop = threading.Event()
         self._closed = False
+        self._final = False
         self._opened: list[Sink] = []
         self.durable: DurableState | None = None
-        self.discovery = Discovery()
+        self.discovery = Discovery(config.target_policy, self.health)
         self._discovery_due = 0.0
         self._endpoint: Endpoint | None = None
         self._zmq = zmq.Context()
@@ -143,40 +161,125 @@ class Collector:
         """Ask ``run()`` to drain and return (safe from signal handlers and other threads)."""
         self._stop.set()
 
+    def finish(self) -> None:
+        """Like :meth:`stop`, for good: no next start will complete the open steps, so they
+        are emitted (partial where ranks are missing) and written even with ``state_dir``."""
+        self._final = True
+        self._stop.set()
+
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+        signal.signal(signal.SIGUSR1, lambda *_: self.finish())
 
     def _receive(self, budget: int) -> int:
         """Handle up to ``budget`` waiting messages without blocking; return how many."""
         agg, durable, delivery = self.aggregator, self.durable, self.delivery
         received = self.health.messages_received
-        now = self._clock()
+        now = self._now()
         for identity, msg, raw in self.receiver.receive(budget):
-            for accepted, payload in delivery.accept(msg, identity, raw):
+            for accepted, payload in delivery.accept(msg, identity, raw, agg.admits):
                 position = None
                 if durable is not None and not isinstance(accepted, protocol.Heartbeat):
                     position = durable.log_input(payload)
                 agg.handle(accepted, now, position)
         return self.health.messages_received - received
 
+    def _now(self) -> float:
+        """The aggregator's clock. It stands still while ``state_dir`` cannot be written:
+        nothing is received then, so grace periods and liveness must not run out for data
+        that waits in the producers."""
+        now = self._clock() if self._stalled_since is None else self._stalled_since
+        return now - self._paused_s
+
     def _settle(self) -> None:
         """Emit what is due, make it durable, wake the sinks, then acknowledge; now and then
         publish the registered endpoints for service discovery."""
-        now = self._clock()
-        self.aggregator.poll(now)
+        now = self._now()
+        if self._stalled_since is None:
+            self.aggregator.poll(now)
         if now >= self._discovery_due:
             self._discovery_due = now + PUBLISH_S
             self.discovery.publish(self.aggregator.membership.scrape_targets(now))
             self.health.scrape_targets = len(self.discovery.targets())
-        if self.durable is not None:
-            self.durable.commit()
-            self.fanout.notify()
-            self.durable.maybe_checkpoint(
-                self.aggregator, self.delivery, [w.name for w in self.fanout.workers]
-            )
-        self.receiver.acknowledge(self.delivery.acks())
         self.receiver.count_handshake_failures()
+        if self.durable is not None and not self._save():
+            return  # acknowledgements only ever cover what the write-ahead log holds
+        self.receiver.acknowledge(
+            self.delivery.acks(self.aggregator.feedback, self.aggregator.has_room)
+        )
+
+    def _save(self, force_checkpoint: bool = False) -> bool:
+        """Write the logs, wake the sinks, checkpoint when due. False while ``state_dir``
+        cannot be written (logged and counted; retried by the next call): the caller then
+        acknowledges nothing, so producers keep their data and resend it."""
+        durable = self.durable
+        assert durable is not None
+        workers = self.fanout.workers
+        try:
+            durable.commit()
+        except OSError as exc:
+            self._state_failed(exc)
+            self._count_disk_errors()
+            return False
+        if self._stalled_since is not None:
+            self._state_resumed()
+        self.fanout.notify()
+        membership = self.aggregator.membership
+        force_checkpoint |= membership.decided  # run attempts are decided once, durably
+        try:
+            durable.maybe_checkpoint(
+                self.aggregator, self.delivery, [w.name for w in workers], force=force_checkpoint
+            )
+            membership.decided = False
+        except OSError as exc:  # the log holds everything: only compaction waits
+            self._disk_errors += 1
+            self._disk_log.warn(
+                "checkpoint",
+                f"cannot write the checkpoint in {durable.dir} ({exc.strerror}); retried every "
+                f"{durable.checkpoint_s:g}s, old log segments are kept until then",
+            )
+        self._count_disk_errors()
+        return True
+
+    def _count_disk_errors(self) -> None:
+        """Failed writes of the main thread and of the sinks' cursors, for ``/metrics``."""
+        self.health.disk_errors = self._disk_errors + sum(
+            w.reader.write_errors for w in self.fanout.workers if w.reader is not None
+        )
+
+    def _state_failed(self, exc: OSError) -> None:
+        self._disk_errors += 1
+        assert self.durable is not None
+        if self._stalled_since is None:
+            self._stalled_since = self._clock()
+            self.health.state_writable = 0
+            log.error(
+                "cannot write the state in %s (%s): receiving and acknowledging nothing until "
+                "it can (producers keep their data meanwhile and resend it); retrying every "
+                "%gs. See rlpulse_collector_state_writable and _disk_errors_total",
+                self.durable.dir,
+                exc,
+                RETRY_S,
+            )
+        else:
+            self._disk_log.warn(
+                "still",
+                f"{self.durable.dir} still cannot be written ({exc.strerror}); "
+                f"{self.durable.unsaved_bytes} bytes wait to be written",
+            )
+
+    def _state_resumed(self) -> None:
+        assert self._stalled_since is not None and self.durable is not None
+        stalled = self._clock() - self._stalled_since
+        self._paused_s += stalled
+        self._stalled_since = None
+        self.health.state_writable = 1
+        log.warning(
+            "the state in %s can be written again after %.1fs; receiving and acknowledging",
+            self.durable.dir,
+            stalled,
+        )
 
     def run(self) -> None:
         """Serve until stopped, then drain what is queued, flush open steps and close sinks."""
@@ -192,27 +295,52 @@ class Collector:
         )
         try:
             while not self._stop.is_set():
-                if poller.poll(POLL_MS):
+                if self._stalled_since is not None:
+                    self._stop.wait(RETRY_S)  # receive nothing the log could not take
+                elif poller.poll(POLL_MS):
                     self._receive(BATCH)
                 self._settle()
         finally:
             self.close()
+
+    def _report_stop(self, abandoned: list[str]) -> None:
+        """With ``state_dir``: what this stop left there, as ``stopped.json`` (read by
+        ``collector.onray``): open steps kept for a next start, and per sink the records not
+        written (a relay's ``upstream``: not acknowledged by the collector above)."""
+        if self.config.state_dir is None:
+            return
+        h = self.health
+        report = {
+            "final": self._final,
+            "open_steps": self.aggregator.open_steps(),
+            "unwritten": {w.name: w.backlog() for w in self.fanout.workers if w.backlog()},
+            "abandoned": abandoned,
+            "steps_emitted": h.steps_emitted,
+            "partial_steps": h.partial_steps,
+            "late": h.late,
+        }
+        path = Path(self.config.state_dir) / "stopped.json"
+        try:
+            path.with_suffix(".tmp").write_text(json.dumps(report))
+            path.with_suffix(".tmp").replace(path)
+        except OSError as exc:  # a report only: the stop goes on
+            log.error("cannot write %s: %s", path, exc)
 
     def close(self) -> None:
         """Drain the socket, emit or keep open steps (see the module docstring), close sinks."""
         if self._closed:
             return
         self._closed = True
-        while self._receive(BATCH):
+        while self._stalled_since is None and self._receive(BATCH):
             pass
         self._settle()
-        if self.durable is None or self.config.upstream is not None:
-            # In memory only: emit open steps now or lose them. A relay forwards them: the
-            # root adds whatever its ranks send for them later, so nothing is made partial.
+        if self.durable is None or self.config.upstream is not None or self._final:
+            # In memory only, or the job is over (finish): emit open steps now or lose them.
+            # A relay forwards them: the root adds whatever its ranks send for them later, so
+            # nothing is made partial.
             self.aggregator.flush()
             if self.durable is not None:
-                self.durable.commit()
-                self.fanout.notify()
+                self._save()
         else:
             open_steps = self.aggregator.open_steps()
             if open_steps:
@@ -221,9 +349,11 @@ class Collector:
                     open_steps,
                     self.config.state_dir,
                 )
-            self.durable.commit()
-            self.fanout.notify()
-        self.receiver.acknowledge(self.delivery.acks())
+            self._save()
+        if self._stalled_since is None:
+            self.receiver.acknowledge(
+                self.delivery.acks(self.aggregator.feedback, self.aggregator.has_room)
+            )
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:
             log.warning(
@@ -231,10 +361,16 @@ class Collector:
                 self.health.unapplied,
             )
         abandoned = self.fanout.close()
+        self._report_stop(abandoned)
         if self.durable is not None:
-            self.durable.maybe_checkpoint(
-                self.aggregator, self.delivery, [w.name for w in self.fanout.workers], force=True
-            )
+            if not self._save(force_checkpoint=True):
+                log.error(
+                    "stopping while %s cannot be written: %d bytes of messages and steps are "
+                    "not saved; producers were not acknowledged for those messages and resend "
+                    "them to the next collector",
+                    self.durable.dir,
+                    self.durable.unsaved_bytes,
+                )
             self.durable.close()
         if self._endpoint is not None:
             self._endpoint.close()

@@ -1,8 +1,10 @@
 """The collector's durable state under ``state_dir``: nothing accepted is lost in a crash.
 
-* ``wal/``: every accepted message, appended before it is acknowledged (``SegmentLog``).
+* ``wal/``: every accepted message, appended before it is acknowledged (``SegmentLog``);
+  ``wal/flushed`` records how far it had been written when producers were last acknowledged.
 * ``outbox/``: every emitted step, appended as JSON; sinks read it at their own pace.
-* ``cursors/<sink>.json``: how far each sink has written in the outbox.
+* ``cursors/<sink>.json``: how far each sink has written in the outbox, and per run the last
+  step it was given (a step rebuilt after a damaged outbox is never written to it twice).
 * ``checkpoint.json``: producers and per-run progress, plus where in the WAL replay starts.
 
 Recovery loads the checkpoint, reads the outbox from the checkpoint on (those steps are never
@@ -11,10 +13,22 @@ the checkpoint's cut: every message there was accepted exactly once, so replayin
 the open steps exactly. Compaction writes a new checkpoint whose cut is the first WAL record an
 open step still needs, then deletes older WAL segments, and outbox segments every sink has
 passed: disk use follows the open-step window and the slowest sink, not the run's length.
+
+Damage found at start-up (:class:`StateError`, exit status 2, naming the file and the fix):
+
+* a write-ahead log that no longer holds everything producers were told it holds: the
+  messages lost are gone from the producers too, and the steps they belong to would come out
+  complete with some rank's data missing. A torn tail past that point (a crash mid-write,
+  never acknowledged) is cut with a warning, as before;
+* a ``checkpoint.json`` or a configured sink's cursor file that does not parse.
+
+A damaged outbox is recovered: steps emitted after the checkpoint are rebuilt from the WAL,
+and steps lost before a sink wrote them are counted per sink (``rlpulse_sink_lost_total``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,9 +38,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from collector.config import CollectorConfig
-from collector.segmentlog import Position, SegmentLog
+from collector.ratelog import RateLimitedLog
+from collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
 from schemas import protocol
-from schemas.errors import SchemaError
+from schemas.errors import ConfigError, SchemaError
 from schemas.record import StepRecord
 
 
@@ -58,13 +73,44 @@ class Sequencer(Protocol):
     def restore(self, snapshot: Mapping[str, int]) -> None: ...
 
 
+class StateError(ConfigError):
+    """``state_dir`` holds damaged state the collector will not start from: the message names
+    the file and what to do (the CLI exits with status 2, as for a bad configuration).
+
+    >>> str(StateError("/s/checkpoint.json is not valid JSON")).startswith("state_dir: /s/")
+    True
+    """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("state_dir", problem)
+
+
 log = logging.getLogger("rlpulse.collector.durable")
+_ratelog = RateLimitedLog(log)
 
 
-def write_json_atomic(path: Path, obj: object) -> None:
+def _move_aside(state_dir: Path) -> str:
+    return (
+        f"to start with empty state, move the state directory aside (mv {state_dir} "
+        f"{state_dir}.damaged): the steps that were open in it are then lost"
+    )
+
+
+def write_json_atomic(path: Path, obj: object, fsync: bool = False) -> None:
+    """Replace ``path`` with ``obj`` as JSON, all or nothing. Raises ``OSError`` (a full disk)
+    with ``path`` unchanged and no temporary file left behind."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w") as f:
+            f.write(json.dumps(obj))
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def encode_record(seq: int, record: StepRecord) -> bytes:
@@ -81,21 +127,103 @@ def decode_record(payload: bytes) -> tuple[int, float, Any]:
     return int(obj["seq"]), float(obj["emitted_at"]), StepRecord.from_json(obj["record"])
 
 
+def _load_json(path: Path, what: str, fix: str) -> Any:
+    """The JSON in ``path`` (None if there is no such file); a StateError naming it and the
+    fix when it does not parse."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"cannot read {what} {path} ({exc.strerror}); {fix}") from None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise StateError(f"{what} {path} is damaged (not valid JSON: {exc}); {fix}") from None
+
+
 class DurableState:
     """Owns the files under ``state_dir``; used from the daemon's main thread (the outbox is
-    also read by sink workers, through :class:`OutboxReader`)."""
+    also read by sink workers, through :class:`OutboxReader`).
+
+    Construction checks what is on disk and raises :class:`StateError` on damage that would
+    make numbers wrong; :meth:`commit` and :meth:`maybe_checkpoint` raise ``OSError`` when the
+    disk cannot take the writes (the daemon then stops acknowledging and retries).
+
+    >>> # state = DurableState("/var/lib/rlpulse", config); state.recover(agg, delivery, ...)
+    """
 
     def __init__(self, state_dir: str | Path, config: CollectorConfig) -> None:
         self.dir = Path(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.wal = SegmentLog(self.dir / "wal", config.segment_bytes, config.fsync)
-        self.outbox = SegmentLog(self.dir / "outbox", config.segment_bytes, config.fsync)
-        self.cursor_dir = self.dir / "cursors"
-        self.cursor_dir.mkdir(exist_ok=True)
         self.checkpoint_path = self.dir / "checkpoint.json"
+        self.cursor_dir = self.dir / "cursors"
+        self.fsync = config.fsync
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._checkpoint = self._load_checkpoint()
+            self._check_wal()
+            self.wal = SegmentLog(self.dir / "wal", config.segment_bytes, config.fsync, mark=True)
+            self.outbox = SegmentLog(self.dir / "outbox", config.segment_bytes, config.fsync)
+            self.cursor_dir.mkdir(exist_ok=True)
+        except OSError as exc:  # a full disk or a failing one, at start-up
+            raise StateError(
+                f"cannot open the state in {self.dir}: {exc}; free space or fix the disk"
+            ) from None
         self.checkpoint_s = config.checkpoint_s
         self.next_record_seq = 1
         self._last_checkpoint = time.monotonic()
+
+    # ------------------------------------------------------------------ start-up checks
+
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        path = self.checkpoint_path
+        fix = f"restore it from a backup, or {_move_aside(self.dir)}"
+        checkpoint = _load_json(path, "the checkpoint", fix)
+        if checkpoint is None:
+            return None
+        try:
+            for key in ("wal", "outbox", "wal_end"):
+                if key != "wal_end" or key in checkpoint:
+                    Position.from_json(checkpoint[key])
+            int(checkpoint["next_record_seq"])
+            for key in ("aggregator", "delivery"):
+                if not isinstance(checkpoint[key], dict):
+                    raise TypeError(f"{key} is not an object")
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise StateError(f"the checkpoint {path} is damaged ({exc!r}); {fix}") from None
+        return checkpoint
+
+    def _check_wal(self) -> None:
+        """Refuse to start when the write-ahead log holds less than producers were told it
+        holds (acknowledged messages are dropped by the producers: nothing can fill the gap)."""
+        directory = self.dir / "wal"
+        start = Position(0, 0)
+        required = read_mark(directory)
+        if self._checkpoint is not None:
+            start = Position.from_json(self._checkpoint["wal"])
+            if "wal_end" in self._checkpoint:
+                wal_end = Position.from_json(self._checkpoint["wal_end"])
+                required = wal_end if required is None else max(required, wal_end)
+        end, damage = inspect(directory, start)
+        torn_tail = damage is None or damage.last  # what a crash mid-write can leave
+        if torn_tail and (required is None or end >= required):
+            return  # intact, or a torn tail past what was acknowledged: SegmentLog cuts it
+        if damage is not None:
+            where = f"{damage.path} is damaged at byte {damage.offset}"
+        else:
+            where = f"{segment_path(directory, end.segment)} ends at byte {end.offset}"
+        written = (
+            ""
+            if required is None
+            else f" (it had been written up to byte {required.offset} of segment "
+            f"{required.segment})"
+        )
+        raise StateError(
+            f"the write-ahead log {where}{written}: messages producers were told are saved "
+            "cannot be read back, and the steps they belong to would be emitted with some "
+            f"rank's data missing; {_move_aside(self.dir)} (producers resend only what was "
+            "never acknowledged)"
+        )
 
     # ------------------------------------------------------------------ recovery
 
@@ -105,10 +233,16 @@ class DurableState:
         """Rebuild state from disk; return counts of what was read."""
         wal_from = Position(self.wal.segments()[0] if self.wal.segments() else 0, 0)
         outbox_from = Position(self.outbox.segments()[0] if self.outbox.segments() else 0, 0)
-        if self.checkpoint_path.exists():
-            checkpoint = json.loads(self.checkpoint_path.read_text())
-            aggregator.restore(checkpoint["aggregator"], now)
-            delivery.restore(checkpoint["delivery"])
+        checkpoint = self._checkpoint
+        if checkpoint is not None:
+            try:
+                aggregator.restore(checkpoint["aggregator"], now)
+                delivery.restore(checkpoint["delivery"])
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise StateError(
+                    f"the checkpoint {self.checkpoint_path} is damaged ({exc!r}); restore it "
+                    f"from a backup, or {_move_aside(self.dir)}"
+                ) from None
             wal_from = max(wal_from, Position.from_json(checkpoint["wal"]))
             outbox_from = max(outbox_from, Position.from_json(checkpoint["outbox"]))
             self.next_record_seq = int(checkpoint["next_record_seq"])
@@ -151,7 +285,7 @@ class DurableState:
     # ------------------------------------------------------------------ the write path
 
     def log_input(self, payload: bytes) -> Position:
-        """Append an accepted message; return where it starts."""
+        """Append an accepted message (written by :meth:`commit`); return where it starts."""
         start = self.wal.end
         self.wal.append(payload)
         return start
@@ -161,9 +295,15 @@ class DurableState:
         self.next_record_seq += 1
 
     def commit(self) -> None:
-        """Make appended steps and messages durable (before acknowledging them)."""
+        """Make appended messages, then steps, durable (before acknowledging them). Raises
+        ``OSError`` when the disk cannot take them: they stay queued for the next commit."""
+        self.wal.flush()  # inputs first: a step that is saved without its inputs is rebuilt
         self.outbox.flush()
-        self.wal.flush()
+
+    @property
+    def unsaved_bytes(self) -> int:
+        """Bytes appended that could not be written yet."""
+        return self.wal.pending_bytes + self.outbox.pending_bytes
 
     # ------------------------------------------------------------------ compaction
 
@@ -172,8 +312,8 @@ class DurableState:
         for path in self.cursor_dir.glob("*.json"):
             try:
                 out[path.stem] = Position.from_json(json.loads(path.read_text())["position"])
-            except (ValueError, KeyError, OSError):
-                continue
+            except (ValueError, KeyError, TypeError, IndexError, OSError):
+                continue  # a sink no longer configured (configured ones are checked at start)
         return out
 
     def maybe_checkpoint(
@@ -183,6 +323,8 @@ class DurableState:
         sinks: Iterable[str],
         force: bool = False,
     ) -> bool:
+        """Every ``checkpoint_s`` (or now with ``force``): commit, save the checkpoint, then
+        delete what no one needs. Raises ``OSError`` with nothing deleted when it cannot."""
         if not force and time.monotonic() - self._last_checkpoint < self.checkpoint_s:
             return False
         self._last_checkpoint = time.monotonic()
@@ -193,11 +335,13 @@ class DurableState:
             self.checkpoint_path,
             {
                 "wal": cut.to_json(),
+                "wal_end": self.wal.flushed.to_json(),
                 "outbox": self.outbox.end.to_json(),
                 "next_record_seq": self.next_record_seq,
                 "aggregator": aggregator.snapshot(),
                 "delivery": delivery.snapshot(),
             },
+            fsync=self.fsync,
         )
         self.wal.delete_before(cut.segment)
         cursors = self.cursors()
@@ -210,38 +354,102 @@ class DurableState:
         return self.wal.disk_bytes() + self.outbox.disk_bytes()
 
     def close(self) -> None:
+        """Write what is queued and close the logs; never raises (see ``SegmentLog.close``)."""
         self.wal.close()
         self.outbox.close()
 
 
 class OutboxReader:
-    """One sink's view of the outbox: the next records after its cursor, and the cursor file."""
+    """One sink's view of the outbox: the next records after its cursor, and the cursor file.
+
+    Counts ``lost``: steps that left the outbox before this sink wrote them (damaged records,
+    seen as a gap in the records' numbers); ``write_errors``: cursor saves that failed (a full
+    disk; the cursor is kept in memory and saved again with the next step or when idle).
+    """
 
     def __init__(self, state: DurableState, name: str) -> None:
         self.state = state
+        self.name = name
         self.path = state.cursor_dir / f"{name}.json"
         self.position = Position(state.outbox.segments()[0] if state.outbox.segments() else 0, 0)
         self.last_seq = 0
+        self.steps: dict[str, int] = {}
+        """Per run, the last step handed to this sink (steps of a run go out in order)."""
+        self.lost = 0
+        self.write_errors = 0
+        self.unsaved = False
         self._seqs: dict[Position, int] = {}
-        if self.path.exists():
-            saved = json.loads(self.path.read_text())
-            self.position = max(self.position, Position.from_json(saved["position"]))
-            self.last_seq = int(saved.get("seq", 0))
+        fix = (
+            f"delete it to have sink {name!r} write again the steps still kept in "
+            f"{state.outbox.dir} (the jsonl sink skips those its file holds; other sinks may "
+            f"get some twice), or {_move_aside(state.dir)}"
+        )
+        saved = _load_json(self.path, f"the cursor of sink {name!r}", fix)
+        if saved is not None:
+            try:
+                self.position = max(self.position, Position.from_json(saved["position"]))
+                self.last_seq = int(saved.get("seq", 0))
+                self.steps = {str(run): int(step) for run, step in saved.get("steps", {}).items()}
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+                raise StateError(
+                    f"the cursor of sink {name!r} {self.path} is damaged ({exc!r}); {fix}"
+                ) from None
 
     def available(self) -> bool:
         return self.position < self.state.outbox.flushed
 
     def read(self, limit: int = 64) -> list[tuple[Position, float, StepRecord]]:
         out = []
-        for end, payload in self.state.outbox.read_from(self.position):
+        stop = self.state.outbox.flushed
+        for end, payload in self.state.outbox.read_from(self.position, stop):
             seq, emitted_at, record = decode_record(payload)
             out.append((end, emitted_at, record))
             self._seqs[end] = seq
             if len(out) >= limit:
                 break
+        if not out and self.position < stop:
+            # Nothing readable before ``stop`` (the rest of a segment cut at start-up, or a
+            # corrupt one): move on, so the sink neither spins nor re-reads it.
+            self.position = stop
         return out
 
-    def commit(self, position: Position) -> None:
+    def done(self, record: Any) -> bool:
+        """``record`` is a step this sink was already given (one rebuilt after damage)."""
+        return isinstance(record, StepRecord) and record.step <= self.steps.get(record.run, -1)
+
+    def commit(self, position: Position, record: Any = None) -> None:
+        """The record ending at ``position`` is written (or skipped); save the cursor."""
         self.position = position
-        self.last_seq = self._seqs.pop(position, self.last_seq)
-        write_json_atomic(self.path, {"position": position.to_json(), "seq": self.last_seq})
+        seq = self._seqs.pop(position, None)
+        if seq is not None:
+            if self.last_seq and seq > self.last_seq + 1:
+                gap = seq - self.last_seq - 1
+                self.lost += gap
+                _ratelog.warn(
+                    f"lost:{self.name}",
+                    f"sink {self.name}: {gap} steps were lost from the damaged outbox in "
+                    f"{self.state.outbox.dir} before this sink wrote them (counted in "
+                    "rlpulse_sink_lost_total)",
+                )
+            self.last_seq = seq
+        if isinstance(record, StepRecord):
+            self.steps[record.run] = max(self.steps.get(record.run, -1), record.step)
+        self.save()
+
+    def save(self) -> None:
+        """Write the cursor file; on failure keep it in memory, count it and warn."""
+        try:
+            write_json_atomic(
+                self.path,
+                {"position": self.position.to_json(), "seq": self.last_seq, "steps": self.steps},
+            )
+        except OSError as exc:
+            self.write_errors += 1
+            self.unsaved = True
+            _ratelog.warn(
+                f"cursor:{self.name}",
+                f"cannot save the cursor of sink {self.name} in {self.path} ({exc.strerror}); "
+                "kept in memory and saved again later",
+            )
+            return
+        self.unsaved = False

@@ -7,7 +7,9 @@ that hangs delays only itself. Two feeds:
   step is dropped for that sink, and a full queue drops new steps for it (both counted);
 * the outbox (with ``state_dir``): the sink reads emitted steps from disk at its own pace and
   keeps its cursor there, so a sink that is down for minutes catches up, in order and without
-  loss, when it recovers; its lag is visible meanwhile. Nothing is dropped.
+  loss, when it recovers; its lag is visible meanwhile. Nothing is dropped; steps that a
+  damaged outbox lost before a sink wrote them are counted for that sink (``lost``), and a
+  step rebuilt after such damage is never written to a sink twice.
 
 At shutdown every worker writes what it has and closes its sink within ``close_s``; a worker
 that cannot is abandoned with an error logged, so the daemon still exits (with the outbox, its
@@ -72,9 +74,11 @@ class SinkWorker:
         self.thread = threading.Thread(target=self._run, name=f"rlpulse-sink-{name}", daemon=True)
 
     def start(self) -> None:
-        if self.reader is not None:
+        if self.reader is not None and self.reader.state.next_record_seq > 1:
             # What the sink's own output already holds is not written again (a crash between
-            # a write and its cursor update would otherwise duplicate one step).
+            # a write and its cursor update would otherwise duplicate one step). Only when the
+            # outbox has a history (a restart): a new state_dir's steps are all new, even if
+            # the file holds an earlier job's steps under the same run name.
             self._skip = self.sink.written_through()
         self.thread.start()
 
@@ -105,6 +109,7 @@ class SinkWorker:
             "written": self.written,
             "errors": self.errors,
             "dropped": self.dropped,
+            "lost": self.reader.lost if self.reader is not None else 0,
             "lag_seconds": lag,
         }
 
@@ -154,6 +159,8 @@ class SinkWorker:
         while True:
             batch = reader.read() if reader.available() else []
             if not batch:
+                if reader.unsaved:
+                    reader.save()  # a cursor the disk refused earlier
                 if self._stopping.is_set():
                     return
                 self._notify.wait(0.1)
@@ -161,11 +168,11 @@ class SinkWorker:
                 continue
             for position, emitted_at, record in batch:
                 skip = self._skip.get(record.run)
-                if skip is None or record.step > skip:
+                if (skip is None or record.step > skip) and not reader.done(record):
                     self._busy_since = emitted_at - offset
                     if not self._write(record, forever=True):
                         return  # stopping with a sink that still fails: resume here next start
-                reader.commit(position)
+                reader.commit(position, record)
                 self._busy_since = None
 
     def _run(self) -> None:

@@ -2,16 +2,21 @@
 
 Each line is :meth:`StepRecord.to_json`:
 ``{"run": ..., "step": ..., "metrics": {name: value}, "partial": bool, "missing": [...], ...}``.
+
+A write is a whole line or nothing: a failed one (a full disk) is cut back out of the file
+before the error is raised, so the fan-out's retry writes the step once, not a torn line and
+then the step again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, ClassVar
 
 from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from schemas.errors import ConfigError
@@ -37,7 +42,9 @@ class JsonlSink(Sink):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._file: BinaryIO | None = None
+        self._fd: int | None = None
+        self._dirty: int | None = None
+        """After a failed write that could not be cut back: the size to cut the file to."""
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> JsonlSink:
@@ -47,12 +54,14 @@ class JsonlSink(Sink):
         )
 
     def open(self) -> None:
-        if self._file is not None:
+        if self._fd is not None:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._repair()
-            self._file = self.path.open("ab")
+            # Unbuffered: a line that fails is never left in a buffer to be written again.
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._dirty = None
         except OSError as exc:
             raise ConfigError(
                 "tracker_kwargs.jsonl.path",
@@ -96,13 +105,29 @@ class JsonlSink(Sink):
         return out
 
     def write(self, record: StepRecord) -> None:
-        if self._file is None:
+        """Append one line; on ``OSError`` the file is as before the call (see the module
+        docstring)."""
+        if self._fd is None:
             self.open()
-        assert self._file is not None
-        self._file.write(record.encode() + b"\n")
-        self._file.flush()
+        fd = self._fd
+        assert fd is not None
+        if self._dirty is not None:
+            os.ftruncate(fd, self._dirty)  # what a failed write left (raises if it still fails)
+            self._dirty = None
+        line = record.encode() + b"\n"
+        start = os.fstat(fd).st_size
+        done = 0
+        try:
+            while done < len(line):
+                done += os.write(fd, line[done:])
+        except OSError:
+            self._dirty = start
+            with contextlib.suppress(OSError):  # shrinking works on a full disk
+                os.ftruncate(fd, start)
+                self._dirty = None
+            raise
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

@@ -1,0 +1,285 @@
+"""Damaged state under ``state_dir`` between a kill and a restart: never a wrong number, never a
+silent loss (issue 22, items 2, 11 and 12). Real collector processes, real SIGKILLs, the files
+damaged on disk as a bad sector or an operator would."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collector.config import CollectorConfig
+from collector.segmentlog import HEADER
+from producer import Producer
+from producer.config import ProducerConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Daemon:
+    """A ``python -m collector`` process and where its stderr goes."""
+
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@dataclass
+class Refused:
+    """A collector that exited before listening."""
+
+    returncode: int
+    stderr: str
+
+
+class Setup:
+    """One collector configuration (state_dir, a jsonl sink, a fixed address) in ``tmp``."""
+
+    def __init__(self, tmp: Path, **extra: object) -> None:
+        self.tmp = tmp
+        self.out = tmp / "out.jsonl"
+        self.state = tmp / "state"
+        self.bind = f"tcp://127.0.0.1:{free_port()}"
+        config = CollectorConfig.from_mapping(
+            {
+                "track_with": ["jsonl"],
+                "tracker_kwargs": {"jsonl": {"path": str(self.out)}},
+                "state_dir": str(self.state),
+                "checkpoint_s": 0.2,
+                "grace_s": 120,
+                "liveness_s": 120,
+                "settle_s": 0,
+                **extra,
+            }
+        )
+        self.config_path = tmp / "collector.yaml"
+        self.config_path.write_text(yaml.safe_dump(config.to_mapping()))
+        self.starts = 0
+
+    def start(self) -> Daemon | Refused:
+        """Start a collector; wait until it listens, or until it exits (a refusal)."""
+        self.starts += 1
+        ready = self.tmp / f"ready{self.starts}"
+        log = self.tmp / f"collector{self.starts}.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "collector", "--config", str(self.config_path)),
+                    *("--bind", self.bind, "--ready-file", str(ready)),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None:
+                return Refused(proc.returncode, log.read_text())
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("collector neither listened nor exited within 60s")
+            time.sleep(0.02)
+        return Daemon(proc, log)
+
+    def started(self) -> Daemon:
+        daemon = self.start()
+        assert isinstance(daemon, Daemon), daemon
+        return daemon
+
+    def lines(self) -> list[dict]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text().splitlines()]
+
+    def wait_lines(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.lines()) < n:
+            assert time.monotonic() < deadline, f"{len(self.lines())} of {n} steps written"
+            time.sleep(0.05)
+
+
+def producer(setup: Setup, rank: int, world_size: int) -> Producer:
+    return Producer(
+        setup.bind,
+        run="faults",
+        role="actor_train",
+        rank=rank,
+        world_size=world_size,
+        config=ProducerConfig(close_timeout_s=10),
+    )
+
+
+def value(rank: int, step: int) -> float:
+    return 10.0 * step + rank
+
+
+def records(path: Path) -> list[tuple[int, int]]:
+    """(offset, size) of every record in a segment file."""
+    data, out, offset = path.read_bytes(), [], 0
+    while offset + HEADER.size <= len(data):
+        length, _ = HEADER.unpack_from(data, offset)
+        if offset + HEADER.size + length > len(data):
+            break
+        out.append((offset, HEADER.size + length))
+        offset += HEADER.size + length
+    return out
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def last_segment(directory: Path) -> Path:
+    return sorted(directory.glob("*.log"))[-1]
+
+
+# ---------------------------------------------------------------------- item 2
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path, damage) -> None:
+    setup = Setup(tmp_path)
+    collector = setup.started()
+    p0, p1 = producer(setup, 0, 2), producer(setup, 1, 2)
+    for step in range(10):
+        p0.log({"x": value(0, step)}, step=step)
+    for step in range(5):
+        p1.log({"x": value(1, step)}, step=step)
+    assert p0.flush(30) and p1.flush(30)  # acknowledged: in the write-ahead log
+    setup.wait_lines(4)  # steps 0-3 complete; 4-9 wait for rank 1 in the log
+    time.sleep(1.0)  # a checkpoint records both producers' progress
+    collector.kill()
+
+    wal = last_segment(setup.state / "wal")
+    cut = json.loads((setup.state / "checkpoint.json").read_text())["wal"]
+    needed = [(o, n) for o, n in records(wal) if o >= cut[1]]
+    assert needed, "no open step in the log: nothing to damage"
+    if damage == "flip":  # one byte inside the first record open steps need
+        offset, size = needed[0]
+        flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
+    else:  # the last acknowledged record loses its second half
+        offset, size = needed[-1]
+        with wal.open("r+b") as f:
+            f.truncate(offset + size // 2)
+    damaged = wal.read_bytes()
+
+    restarted = setup.start()
+    if isinstance(restarted, Refused):
+        # Refusing is safe: it names the file and what to do, and leaves the state as it was.
+        assert restarted.returncode == 2, restarted.stderr
+        assert "Traceback" not in restarted.stderr
+        assert str(wal) in restarted.stderr and "mv " in restarted.stderr, restarted.stderr
+        assert wal.read_bytes() == damaged
+        p0.close(0.1)
+        p1.close(0.1)
+        # The fix it names works: a fresh state directory starts.
+        setup.state.rename(tmp_path / "state.damaged")
+        setup.started().stop()
+        return
+    # Starting is safe only if no step comes out complete without all its inputs.
+    for step in range(10, 13):
+        p0.log({"x": value(0, step)}, step=step)
+    for step in range(5, 13):
+        p1.log({"x": value(1, step)}, step=step)
+    p0.close()
+    p1.close()
+    restarted.stop()
+    got = {r["step"]: r for r in setup.lines()}
+    assert sorted(got) == list(range(13)), sorted(got)
+    for step, record in got.items():
+        if not record["partial"]:
+            assert record["metrics"]["x"] == pytest.approx(value(0, step) + 0.5), step
+
+
+# ---------------------------------------------------------------------- item 11
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_outbox_tail_neither_stalls_a_sink_nor_repeats_steps(tmp_path, damage) -> None:
+    setup = Setup(tmp_path)
+    collector = setup.started()
+    p = producer(setup, 0, 1)
+    for step in range(20):
+        p.log({"x": value(0, step)}, step=step)
+    assert p.flush(30)
+    setup.wait_lines(19)  # step 19 completes when step 20 is logged
+    time.sleep(1.0)  # the sink's cursor and a checkpoint are saved past every step
+    collector.kill()
+
+    outbox = last_segment(setup.state / "outbox")
+    offset, size = records(outbox)[-1]
+    if damage == "flip":
+        flip(outbox, offset + size - 5)
+    else:
+        with outbox.open("r+b") as f:
+            f.truncate(offset + size // 2)
+
+    collector = setup.started()
+    for step in range(20, 40):
+        p.log({"x": value(0, step)}, step=step)
+    p.close()
+    deadline = time.monotonic() + 60
+    while len(setup.lines()) < 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # long enough for a repeating warning to show
+    assert collector.stop() == 0
+    got = setup.lines()
+    assert [r["step"] for r in got] == list(range(40))  # each step once, in order
+    assert all(not r["partial"] and r["metrics"]["x"] == value(0, r["step"]) for r in got)
+    log = collector.log.read_text()
+    warnings = [line for line in log.splitlines() if "corrupt" in line or "torn" in line]
+    assert 1 <= len(warnings) <= 2, warnings
+
+
+# ---------------------------------------------------------------------- item 12
+
+
+@pytest.mark.parametrize("damaged", ["checkpoint.json", "cursors/jsonl.json"])
+def test_a_damaged_checkpoint_or_cursor_exits_2_naming_the_file_and_the_fix(
+    tmp_path, damaged
+) -> None:
+    setup = Setup(tmp_path)
+    collector = setup.started()
+    with producer(setup, 0, 1) as p:
+        for step in range(3):
+            p.log({"x": value(0, step)}, step=step)
+    setup.wait_lines(3)
+    assert collector.stop() == 0
+    path = setup.state / damaged
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])  # cut mid-document
+
+    refused = setup.start()
+    if isinstance(refused, Daemon):
+        refused.stop()
+        pytest.fail(f"the collector started from a damaged {damaged}")
+    assert refused.returncode == 2, refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
+    assert str(path) in refused.stderr, refused.stderr
+    assert "mv " in refused.stderr or "delete it" in refused.stderr, refused.stderr
