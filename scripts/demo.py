@@ -50,7 +50,9 @@ def main() -> int:
         flush=True,
     )
     with start_collector(collector_cfg) as collector:
-        argv = ["--config", str(CONFIG), "--collector", collector.address]
+        # --resume: this demo's directory, made fresh above, even when an earlier demo ran
+        # there (without it the trainer would start a new attempt, runs/demo-2).
+        argv = ["--config", str(CONFIG), "--collector", collector.address, "--resume"]
         if args.steps:
             argv += ["--steps", str(args.steps)]
         rc = trainer_main(argv)

@@ -1,15 +1,19 @@
-"""``python -m trainer --config FILE [--steps N] [--run NAME] [--collector ADDRESS] [--set k=v]``
+"""``python -m trainer --config FILE [--steps N] [--run NAME] [--resume] [--collector ADDRESS] [--set k=v]``
 
 Without ``--collector`` the trainer starts its own collector (configured by the ``collector``
-section of the config; by default a jsonl file in the run directory).
+section of the config; by default a jsonl file in the run directory). A ``--run`` whose
+directory already holds an earlier run starts a new attempt, ``NAME-2`` (said on the first
+line of output); ``--resume`` writes into the existing one instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
+from producer.env import RESUME_VAR
 from trainer.config import ConfigError, load_config
 
 
@@ -22,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML config (see trainer/configs/reverse.yaml)")
     parser.add_argument("--steps", type=int, help="number of PPO steps")
     parser.add_argument("--run", help="run name (metrics and checkpoints go under it)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="add to the existing run of this name (its directory and metrics.jsonl) instead "
+        "of starting a new attempt NAME-2",
+    )
     parser.add_argument("--collector", help="attach to a running collector, e.g. tcp://host:5555")
     parser.add_argument("--ray-address", help="attach to a Ray cluster (auto or HOST:6379)")
     parser.add_argument("--output-dir", help="where run directories go")
@@ -56,8 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from trainer.run import train
+    from trainer.run import claim_run, train
 
+    claimed = claim_run(cfg, resume=args.resume)
+    cfg = claimed.cfg
+    if claimed.notice() is not None:
+        print(f"trainer: {claimed.notice()}", flush=True)
+    if args.resume:  # producers continue the run on a collector that saw it end
+        os.environ[RESUME_VAR] = "1"
     result = train(cfg)
     val = ", ".join(f"step {s}: {v:.3f}" for s, v in result.val_scores)
     print(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import torch
 import yaml
 
 from runtools.compare import RUN_CONFIG
+from schemas.protocol import DROP_KEYS, STAT_KEYS
 from schemas.topology import DRIVER
 from trainer.config import TrainerConfig, to_dict
 from trainer.driver import Driver, RunResult
@@ -21,6 +24,54 @@ from trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger("rlpulse.trainer")
 FREE_PORT = "tcp://127.0.0.1:*"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The run a start of the trainer writes: ``cfg`` (its ``run`` possibly a new attempt's
+    name) and, when it is one, the name that was already taken."""
+
+    cfg: TrainerConfig
+    taken: str | None = None
+    resumed: bool = False
+    """``--resume`` into a directory an earlier run wrote."""
+
+    def notice(self) -> str | None:
+        """What to tell the user when the run was renamed or resumed (None otherwise)."""
+        if self.resumed:
+            return (
+                f"writing into the existing run {self.cfg.run!r} in {self.cfg.run_dir} "
+                "(--resume): this run's steps are appended to what its files hold"
+            )
+        if self.taken is None:
+            return None
+        return (
+            f"run {self.taken!r} already exists in {self.cfg.run_dir.parent / self.taken}: "
+            f"this run is a new attempt, {self.cfg.run!r} ({self.cfg.run_dir}); pass --resume "
+            f"to add to {self.taken!r} instead"
+        )
+
+
+def claim_run(cfg: TrainerConfig, *, resume: bool = False) -> Claimed:
+    """Take the run's directory. One that holds a saved configuration (``config.yaml``, the
+    first thing every run writes) belongs to an earlier run of that name, whose
+    ``metrics.jsonl`` a second run would append the same steps to: this run becomes a new
+    attempt, ``<run>-2`` (``-3``...), the first name free, unless ``resume`` (then it writes
+    into the existing directory, appending to its metrics). Files others put there first (a
+    collector started by a wrapper script) do not make a directory taken."""
+    base = cfg.run_dir
+    taken = (base / RUN_CONFIG).exists()
+    if resume or not taken:
+        base.mkdir(parents=True, exist_ok=True)
+        return Claimed(cfg, resumed=taken)
+    for attempt in itertools.count(2):
+        candidate = replace(cfg, run=f"{cfg.run}-{attempt}")
+        try:  # atomic: two trainers started at once get two attempts
+            candidate.run_dir.mkdir(parents=True)
+        except FileExistsError:
+            continue  # even without a config.yaml: someone else's, or a trainer starting now
+        return Claimed(candidate, taken=cfg.run)
+    raise AssertionError("unreachable")
 
 
 def save_config(cfg: TrainerConfig) -> Path:
@@ -53,10 +104,21 @@ def initial_weights(cfg: TrainerConfig, task: Task) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
+_TRAFFIC = frozenset({"logged", "sent_messages", "resent_messages", "unacked"})
+"""Producer stats that count traffic, not loss."""
+PROBLEM_KEYS = tuple(k for k in dict.fromkeys((*DROP_KEYS, *STAT_KEYS)) if k not in _TRAFFIC)
+"""Producer counters that mean lost or rejected metrics: every drop of the protocol's
+``DROP_KEYS`` and the other ``STAT_KEYS`` but traffic (``invalid``, ``nonfinite``,
+``errors``); a counter the protocol adds is reported until it is known to be traffic."""
+
+
 def producer_problems(stats: list[dict[str, int]]) -> dict[str, int]:
-    """Summed producer counters that mean lost or rejected metrics (all zero when healthy)."""
-    keys = ("dropped_queue_full", "dropped_send", "invalid", "nonfinite", "errors")
-    totals = {k: sum(s.get(k, 0) for s in stats) for k in keys}
+    """Summed producer counters that mean lost or rejected metrics (all zero when healthy).
+
+    >>> producer_problems([{"logged": 9, "dropped_buffer_full": 2}, {"dropped_buffer_full": 1}])
+    {'dropped_buffer_full': 3}
+    """
+    totals = {k: sum(s.get(k, 0) for s in stats) for k in PROBLEM_KEYS}
     return {k: v for k, v in totals.items() if v}
 
 

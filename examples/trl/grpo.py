@@ -5,9 +5,12 @@ for long answers: it runs on a CPU with nothing downloaded. Swap in your model, 
 reward functions; the rlpulse parts are the callback and ``ExactGRPOTrainer.compute_loss``.
 
     python -m collector --config examples/trl/collector.yaml &
-    RLPULSE_ADDRESS=tcp://127.0.0.1:5555 python examples/trl/grpo.py --run grpo-tiny
+    RLPULSE_ADDRESS=tcp://127.0.0.1:5555 python examples/trl/grpo.py --run-name grpo-tiny
     RLPULSE_ADDRESS=tcp://127.0.0.1:5555 torchrun --nproc_per_node 2 examples/trl/grpo.py \\
-        --run grpo-tiny-2
+        --run-name grpo-tiny-2
+
+(``--run-name``, not ``--run``: torchrun's parser refuses an option, even after the script,
+that abbreviates two of its own, and ``--run`` could be its ``--run-path`` or ``--run_path``.)
 """
 
 from __future__ import annotations
@@ -117,13 +120,18 @@ def make_trainer(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The script's options: none may abbreviate two of torchrun's (see the docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="grpo-tiny", help="the run's name in the collector")
+    parser.add_argument("--run-name", default="grpo-tiny", help="the run's name in the collector")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--output-dir", default="runs/grpo-tiny-trl")
-    args = parser.parse_args(argv)
-    trainer = make_trainer(RlpulseCallback(run=args.run), args.output_dir, args.steps)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
+    trainer = make_trainer(RlpulseCallback(run=args.run_name), args.output_dir, args.steps)
     trainer.train()
 
 

@@ -16,6 +16,10 @@ Every metric verl's driver logs then reaches the collector as the *driver's valu
 per name and step, never merged again. Settings come from the optional ``trainer.rlpulse``
 section of verl's config (:class:`VerlSettings`); the run is ``trainer.experiment_name``.
 
+verl builds ``Tracking`` in ``fit()``, after its workers: so that the collector waits for the
+driver instead of emitting the workers' steps without it, :func:`register` also declares it
+for every producer :func:`worker_producer` makes in the job (``RLPULSE_EXPECTED_ROLES``).
+
 Metrics that verl reduces approximately (a mean over data-parallel ranks of each rank's
 micro-batch means) become exact when each worker logs its own part: :func:`worker_producer`
 gives a verl worker its producer, and ``trainer.rlpulse.worker_side`` names those metrics so
@@ -29,13 +33,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from producer.client import Producer
 from producer.config import ProducerConfig
+from producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
 from producer.integrations.driver import DriverStream, save_run_config
 from schemas.errors import ConfigError
 
@@ -47,6 +52,9 @@ SECTION = "trainer.rlpulse"
 """Where verl's config holds this backend's settings."""
 RUN_VAR = "RLPULSE_RUN"
 """The run name a worker's producer logs under (set it to ``trainer.experiment_name``)."""
+DRIVER_DECLARED = "driver=1"
+"""What :func:`register` puts in ``RLPULSE_EXPECTED_ROLES`` when it is unset: the run has a
+``driver`` (the ``Tracking`` backend's default role) of world size 1."""
 _MARK = "_rlpulse_originals"
 
 
@@ -195,14 +203,20 @@ class RlpulseBackend:
         return {**self.stream.stats(), **self.producer.stats()}
 
 
-def register() -> None:
+def register(environ: MutableMapping[str, str] = os.environ) -> None:
     """Make ``"rlpulse"`` a backend of verl's ``Tracking`` in this process (idempotent).
 
     Also usable as Ray's ``worker_process_setup_hook``
-    (``producer.integrations.verl.register``), so verl's ``TaskRunner`` actor has it.
+    (``producer.integrations.verl.register``), so verl's ``TaskRunner`` actor has it. It
+    also sets ``RLPULSE_EXPECTED_ROLES=driver=1`` when unset, so the workers'
+    :func:`worker_producer` declares the driver: the collector then waits for the driver,
+    which registers only when ``fit()`` builds ``Tracking``, instead of emitting the workers'
+    steps without it and dropping the driver's as late. (With ``trainer.rlpulse.role`` set,
+    set ``RLPULSE_EXPECTED_ROLES`` to that role, ``=1``, in the job's ``env_vars``.)
     """
     from verl.utils.tracking import Tracking
 
+    environ.setdefault(EXPECTED_ROLES_VAR, DRIVER_DECLARED)
     if _MARK in vars(Tracking):
         return
     original_init, original_finish = Tracking.__init__, Tracking.finish
@@ -264,7 +278,8 @@ def worker_producer(
 
     Rank and world size are the worker's own, from the ``RANK`` and ``WORLD_SIZE`` that verl's
     worker group sets for every worker; the run from ``RLPULSE_RUN`` and the collector from
-    ``RLPULSE_ADDRESS`` (pass both through ``ray_kwargs.ray_init.runtime_env.env_vars``).
+    ``RLPULSE_ADDRESS`` (pass both through ``ray_kwargs.ray_init.runtime_env.env_vars``); the
+    roles it declares from ``RLPULSE_EXPECTED_ROLES`` (``driver=1`` after :func:`register`).
     ``reductions`` declares names outside the catalog (``{"actor/pg_clipfrac": "fraction"}``).
 
     >>> # p = worker_producer("actor_train", reductions={"actor/pg_clipfrac": "fraction"})
@@ -283,6 +298,12 @@ def worker_producer(
     producer = _WORKER_PRODUCERS.get(key)
     if producer is None:
         producer = _WORKER_PRODUCERS[key] = producer_factory(
-            None, run=run, role=role, rank=rank, world_size=world_size, reductions=reductions
+            None,
+            run=run,
+            role=role,
+            rank=rank,
+            world_size=world_size,
+            expected_roles=expected_roles_from_env(environ),
+            reductions=reductions,
         )
     return producer

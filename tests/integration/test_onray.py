@@ -5,8 +5,10 @@ every step once, nothing partial, also when Ray restarts a relay killed mid-run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -145,3 +147,39 @@ def test_a_relay_killed_mid_run_is_restarted_by_ray_and_loses_nothing(
     log = Path(tiers.config.state_root, "rlpulse-ray").glob(f"*/relay-{victim[:16]}/collector.log")
     starts = next(log).read_text().count("listening on")
     assert starts == 2, "the relay was restarted once, on the same state_dir"
+
+
+def test_stop_says_what_it_could_not_forward_or_write(cluster, tmp_path: Path) -> None:
+    """A root that cannot take anything (SIGSTOPped): the relay holding a run's steps gives
+    up after its ``sink_close_s`` and says how many records it did not forward; the root,
+    still not exiting after ``timeout_s``, is killed; both are in ``stop()``'s report."""
+    from producer import Producer
+
+    config = RayCollectorsConfig(
+        root={"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(tmp_path / "o")}}},
+        relay={"sink_close_s": 2},
+        state_root=str(tmp_path / "state"),
+    )
+    tiers = RayCollectors.start(config)
+    root_pid = ray.get(tiers.root.pid.remote())
+    os.kill(root_pid, signal.SIGSTOP)
+    try:
+        producer = Producer(run="stuck", role="actor_train")  # no address: this node's relay
+        for step in range(3):
+            producer.log({"actor/pg_loss": 1.0}, step=step)
+        producer.close()
+        assert producer.stats()["unacked"] == 0, "the relay has every step"
+        started = time.monotonic()
+        report = tiers.stop(timeout_s=5)
+        assert time.monotonic() - started < 60
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # killed by stop(), as it should be
+            os.kill(root_pid, signal.SIGCONT)
+    here = ray.get_runtime_context().get_node_id()[:16]
+    relay = f"relay on node {here}: "
+    assert any(
+        line.startswith(relay) and "not forwarded to the root" in line for line in report.left
+    )
+    assert report.root is not None and report.root.code is None
+    assert any(line.startswith("root did not stop in time") for line in report.left)
+    assert tiers.stop() is report  # safe to call twice

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -141,3 +143,73 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
         seen = [s for r in ranks for s in r["seen"] if s["step"] == step]
         assert {len(s["lengths"]) for s in seen} == {4} and len(seen) == 4  # 2 x 2 micro-batches
         assert_worker_side_exact(record, seen)
+
+
+def readme_commands() -> list[str]:
+    """The README's TRL commands (its bash block), one per line, comments left out."""
+    block = readme_block("### TRL", lang="bash")
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_the_example_options_reach_the_script_through_torchrun() -> None:
+    """torchrun's parser refuses an option after the script that abbreviates two of its own
+    (issue 21: ``--run`` could be ``--run-path`` or ``--run_path``)."""
+    from torch.distributed.run import get_args_parser
+
+    options = [o for a in load_example().arguments()._actions for o in a.option_strings]
+    script_args = [arg for o in options if o.startswith("--") for arg in (o, "x")]
+    parsed = get_args_parser().parse_args(["--nproc_per_node", "2", "grpo.py", *script_args])
+    assert parsed.training_script_args == script_args
+
+
+def test_the_readme_commands_run_as_written(tmp_path) -> None:
+    """The README's commands, typed in a checkout (here: a directory whose ``examples`` is
+    the repository's): the collector from ``examples/trl/collector.yaml``, then the
+    ``torchrun`` line as written; the ``python`` line's options parse."""
+    collector_line, python_line, torchrun_line = readme_commands()
+    assert collector_line.endswith("&") and torchrun_line.startswith("RLPULSE_ADDRESS=")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    bin_dir = os.path.dirname(sys.executable)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",  # python and torchrun of this environment
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",  # a loopback-only test namespace has no other interface
+    }
+    ready = tmp_path / "ready"
+    command = collector_line.rstrip("&").split()
+    assert command[:3] == ["python", "-m", "collector"]
+    log = (tmp_path / "collector.log").open("w")
+    collector = subprocess.Popen(
+        [sys.executable, *command[1:], "--ready-file", str(ready)],
+        cwd=tmp_path,
+        env=env,
+        stderr=log,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert collector.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        done = subprocess.run(
+            torchrun_line,
+            shell=True,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=280,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+    finally:
+        collector.terminate()
+        assert collector.wait(30) == 0
+        log.close()
+    args = load_example().arguments().parse_args(shlex.split(python_line)[3:])
+    assert args.run_name == "grpo-tiny"
+    got = [json.loads(line) for line in (tmp_path / "runs/grpo-tiny/metrics.jsonl").open()]
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert all(r["run"] == "grpo-tiny-2" and r["ranks"] == 2 and not r["partial"] for r in got)

@@ -279,3 +279,79 @@ def test_example_settings_and_command_are_what_verl_and_rlpulse_accept(tmp_path)
     runtime_env = config.ray_kwargs.ray_init.runtime_env
     assert runtime_env.worker_process_setup_hook == "producer.integrations.verl.register"
     assert runtime_env.env_vars.RLPULSE_RUN == config.trainer.experiment_name == "gsm8k"
+
+
+LATE_DRIVER_S = 4.0
+"""Beyond the collector's ``settle_s`` (2 s by default), within its ``liveness_s`` (10 s)."""
+
+
+def test_a_driver_registering_after_its_workers_loses_no_step(tmp_path) -> None:
+    """Issue 21, item 5: verl's workers may log before ``fit()`` builds ``Tracking``. Once
+    ``settle_s`` had passed the collector emitted the workers' steps without the driver and
+    dropped the driver's as late. With the setup hook, the workers declare the driver
+    (``RLPULSE_EXPECTED_ROLES=driver=1``) and the collector waits for it by name."""
+    import ray
+    from hydra import compose, initialize_config_module
+    from verl.trainer.main_ppo import run_ppo
+
+    from tests.integrations.verl_job import CLIPPED, LateDriverTaskRunner
+
+    probe = tmp_path / "probe.json"
+    with jsonl_collector(tmp_path) as (collector, out):
+        overrides = [
+            *readme_overrides(),
+            "trainer.project_name=rlpulse-tests",
+            "trainer.experiment_name=verl-late-driver",
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.RLPULSE_ADDRESS={collector.address}",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.RLPULSE_RUN=verl-late-driver",
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.PROBE_OUT={probe}",
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.LATE_DRIVER_S='{LATE_DRIVER_S}'",
+            "+trainer.rlpulse.worker_side=['actor/pg_clipfrac']",
+            "+trainer.rlpulse.expected_roles={actor_train: 2}",
+            f"+trainer.rlpulse.config_dir='{tmp_path}/runs/{{run}}'",
+            "ray_kwargs.ray_init.num_cpus=2",
+            "+ray_kwargs.ray_init.include_dashboard=false",
+            "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
+        ]
+        with initialize_config_module("verl.trainer.config", version_base=None):
+            config = compose("ppo_trainer", overrides=overrides)
+        try:
+            run_ppo(config, task_runner_class=LateDriverTaskRunner)
+        finally:
+            ray.shutdown()
+    got = records(out)
+    assert sorted(got) == [0, 1, 2]
+    clipped = sum(c for c, _ in CLIPPED.values()) / sum(n for _, n in CLIPPED.values())
+    for step, record in got.items():
+        assert not record["partial"] and record["ranks"] == 3, record["missing"]
+        metrics = record["metrics"]
+        assert metrics["actor/pg_clipfrac"] == pytest.approx(clipped, rel=1e-12)
+        driver = finite(driver_metrics(step))
+        del driver["actor/pg_clipfrac"]  # worker_side: the driver leaves its value out
+        assert {k: metrics.get(k) for k in driver} == driver  # the driver's values, none late
+    assert json.loads(probe.read_text())["declared"] == ["driver=1", "driver=1"]
+
+
+def test_the_setup_hook_declares_the_driver_for_the_workers() -> None:
+    """``register()`` sets ``RLPULSE_EXPECTED_ROLES=driver=1`` where it is unset (a user's own
+    value is kept), and ``worker_producer`` declares those roles."""
+    environ: dict[str, str] = {}
+    try:
+        rlpulse_verl.register(environ)
+        assert environ == {"RLPULSE_EXPECTED_ROLES": "driver=1"}
+        mine = {"RLPULSE_EXPECTED_ROLES": "ppo_driver=1,actor_train=8"}
+        rlpulse_verl.register(mine)
+        assert mine == {"RLPULSE_EXPECTED_ROLES": "ppo_driver=1,actor_train=8"}
+    finally:
+        rlpulse_verl.unregister()
+    made = []
+    worker_env = {**environ, "RLPULSE_RUN": "r", "RANK": "1", "WORLD_SIZE": "2"}
+    rlpulse_verl.worker_producer(
+        "critic", environ=worker_env, producer_factory=lambda *a, **k: made.append(k)
+    )
+    assert made[0]["expected_roles"] == {"driver": 1}
+    with pytest.raises(ConfigError) as err:
+        rlpulse_verl.worker_producer(
+            "critic", environ={**worker_env, "RLPULSE_EXPECTED_ROLES": "driver"}
+        )
+    assert err.value.field == "RLPULSE_EXPECTED_ROLES"

@@ -88,3 +88,53 @@ class ProbeTaskRunner:
             logger.log(data=driver_metrics(step), step=step)
         with open(os.environ["PROBE_OUT"], "w") as f:
             json.dump({"backends": list(logger.logger), "pid": os.getpid()}, f)
+
+
+CLIPPED = {0: (1, 4), 1: (9, 45)}
+"""Each actor rank's clipped tokens and tokens, at every step."""
+
+
+@ray.remote(num_cpus=0)
+class ActorRank:
+    """A verl actor worker logging exactly from its micro-batches (the README's "Exact, from
+    verl's workers"), in a process of the job: Ray ran the setup hook in it."""
+
+    def log_steps(self, rank: int, world_size: int, steps: int) -> str:
+        from producer import Fraction
+        from producer.integrations.verl import worker_producer
+
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))  # verl's worker group's
+        producer = worker_producer("actor_train", reductions={"actor/pg_clipfrac": "fraction"})
+        for step in range(steps):
+            producer.log({"actor/pg_clipfrac": Fraction(*CLIPPED[rank])}, step=step)
+        producer.close()
+        return os.environ.get("RLPULSE_EXPECTED_ROLES", "")
+
+
+@ray.remote
+class LateDriverTaskRunner:
+    """verl's order of start-up: the workers exist (``init_workers``) and may log before
+    ``fit()`` builds ``Tracking``, whose rlpulse backend is the driver's producer. Here the
+    actor ranks log every step first; the driver registers ``LATE_DRIVER_S`` seconds later and
+    logs the same steps. What the workers' processes had in ``RLPULSE_EXPECTED_ROLES`` is
+    written to ``PROBE_OUT``."""
+
+    def run(self, config: DictConfig, steps: int = 3) -> None:
+        import time
+
+        from verl.utils.tracking import Tracking
+
+        ranks = [ActorRank.remote() for _ in CLIPPED]
+        declared = ray.get([r.log_steps.remote(i, len(ranks), steps) for i, r in enumerate(ranks)])
+        time.sleep(float(os.environ["LATE_DRIVER_S"]))
+        logger = Tracking(
+            project_name=config.trainer.project_name,
+            experiment_name=config.trainer.experiment_name,
+            default_backend=config.trainer.logger,
+            config=OmegaConf.to_container(config, resolve=True),
+        )
+        for step in range(steps):
+            logger.log(data=driver_metrics(step), step=step)
+        logger.finish()
+        with open(os.environ["PROBE_OUT"], "w") as f:
+            json.dump({"declared": declared}, f)
