@@ -5,6 +5,10 @@ whitening, GRPO groups) are global, not per rank. The maths are pure functions; 
 deviations are the unbiased (Bessel-corrected) ones, as verl (``torch.std`` in
 ``compute_grpo_outcome_advantage``) and ROLL (``reward_norm``, ``masked_whiten``) use.
 
+GRPO standardises each group's *raw* scores, as both peers do (verl's
+``compute_grpo_outcome_advantage``; ROLL's ``group_reward_norm``, which replaces its batch
+normalisation for GRPO); ``ppo.reward_norm`` and ``ppo.reward_clip`` apply to PPO only.
+
 >>> import torch
 >>> m = torch.tensor([[1.0, 1.0, 0.0]])
 >>> gae(torch.tensor([[0.0, 1.0, 0.0]]), torch.zeros(1, 3), m, gamma=1.0, lam=1.0).advantages
@@ -112,16 +116,30 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
-def grpo_advantages(scores: Tensor, group_size: int, mask: Tensor, eps: float = 1e-6) -> Advantages:
-    """Group-normalised advantages: each response's score standardised within its group of
-    ``group_size`` consecutive samples (same prompt) with the unbiased std, ``(s - mean) /
-    (std + eps)`` (verl's ``compute_grpo_outcome_advantage``, ROLL's group ``reward_norm``),
-    broadcast to its tokens. The returns are the advantages (there is no critic)."""
-    groups = scores.float().view(-1, group_size)
+def group_standardize(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """Each score standardised within its group of ``group_size`` consecutive samples (same
+    prompt): ``(s - mean) / (std + eps)`` with the unbiased std. A group of one has no spread
+    to measure: it takes mean 0 and std 1, so its score passes through (verl's convention).
+
+    >>> [round(a, 4) for a in group_standardize(torch.tensor([1.0, 0.0, 3.0, 3.0]), 2).tolist()]
+    [0.7071, -0.7071, 0.0, 0.0]
+    """
+    # In float64: the float32 mean of equal scores can miss them by an ulp, which the
+    # division by (std + eps) would blow up to a spurious advantage of ~1e-3.
+    groups = scores.double().view(-1, group_size)
+    if group_size == 1:
+        return (groups / (1.0 + eps)).view(-1).float()
     mean = groups.mean(-1, keepdim=True)
     std = groups.std(-1, keepdim=True)
-    per_sample = ((groups - mean) / (std + eps)).view(-1)
-    advantages = per_sample.unsqueeze(-1) * mask
+    return ((groups - mean) / (std + eps)).view(-1).float()
+
+
+def grpo_advantages(scores: Tensor, group_size: int, mask: Tensor, eps: float = 1e-6) -> Advantages:
+    """Group-normalised advantages: each response's raw score standardised within its group
+    (:func:`group_standardize`; verl's ``compute_grpo_outcome_advantage``, ROLL's
+    ``group_reward_norm``), broadcast to its tokens. The returns are the advantages (there is
+    no critic)."""
+    advantages = group_standardize(scores, group_size, eps).unsqueeze(-1) * mask
     return Advantages(advantages, advantages.clone())
 
 
@@ -142,7 +160,8 @@ class AdvantageResult:
     reward_clipped: Tensor
     sequence_rewards: Tensor
     """Per sample, the sum of its token-level rewards: the reward that enters the advantage,
-    after normalisation, clipping and (with ``kl_placement: reward``) the KL penalty."""
+    after normalisation, clipping and (with ``kl_placement: reward``) the KL penalty; with
+    GRPO the raw score, which the group standardisation turns into the advantage (verl)."""
     ref_kl: float
     """KL (k1) of the old policy to the reference, averaged per response, then over responses
     with at least one token: the KL controller's input."""
@@ -176,20 +195,29 @@ def compute_advantages(
     assert batch.scores is not None and batch.old_log_probs is not None
     assert batch.ref_log_probs is not None
     mask = batch.response_mask
-    rewards = normalize_rewards(batch.scores, cfg.reward_norm, cfg.reward_clip)
     kl = ppo.kl_k1(batch.old_log_probs, batch.ref_log_probs)
     # Both peers feed the controller the mean of per-sequence means (verl apply_kl_penalty,
     # ROLL apply_kl_penalty / compute_token_reward).
     ref_kl = float(ppo.agg(kl, mask, ppo.SEQ_MEAN, ppo.AggScale.of(mask)))
     shaped_kl = kl if cfg.kl_placement == "reward" else None
-    token_rewards = token_level_rewards(rewards.rewards, mask, shaped_kl, kl_coef)
     if cfg.algorithm == "grpo":
-        adv = grpo_advantages(rewards.rewards, group_size, mask)
+        # The raw scores enter the group standardisation, as in verl and ROLL: normalising
+        # over the batch first is an affine map the group statistics undo, and clipping in
+        # batch units would distort a group's spread (one success among many failures). GRPO
+        # puts the KL in the loss (a config check), so the token rewards are the scores.
+        normalized = group_standardize(batch.scores, group_size)
+        token_rewards = token_level_rewards(batch.scores, mask, shaped_kl, kl_coef)
+        adv = grpo_advantages(batch.scores, group_size, mask)
+        rewards = RewardResult(normalized, torch.zeros_like(normalized, dtype=torch.bool))
     else:
         assert batch.values is not None
+        rewards = normalize_rewards(batch.scores, cfg.reward_norm, cfg.reward_clip)
+        token_rewards = token_level_rewards(rewards.rewards, mask, shaped_kl, kl_coef)
         adv = gae(token_rewards, batch.values, mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
             # Whiten over the tokens that will be trained on, so their advantages are centred.
             adv = Advantages(masked_whiten(adv.advantages, batch.loss_mask), adv.returns)
+    # ``rewards`` are the normalised ones: positive means better than the batch average (PPO)
+    # or than the group's (GRPO); the driver picks the SFT loss's positive samples by them.
     out = batch.replace(rewards=rewards.rewards, advantages=adv.advantages, returns=adv.returns)
     return AdvantageResult(out, rewards.clipped, token_rewards.sum(-1), ref_kl)

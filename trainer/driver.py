@@ -145,7 +145,7 @@ class Driver:
             )
             adv = compute_advantages(batch, cfg.ppo, self.kl.coef, group)
             # Positive samples (for the SFT losses) are the positively rewarded ones: after
-            # normalisation, those better than the batch average.
+            # normalisation, those better than the batch average (GRPO: than their group's).
             batch = adv.batch.replace(positive=adv.batch.rewards > 0)
 
         # 7. Train the policy (sharded) and the critic together; then adapt the KL coefficient

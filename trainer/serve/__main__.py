@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
         help=f"largest max_new_tokens accepted (default {DEFAULTS['max_new_tokens_limit']}, capped by the model's context)",
     )
     parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        help="close a connection that has not sent a whole request within this many seconds "
+        f"(default {DEFAULTS['request_timeout_s']:g})",
+    )
+    parser.add_argument(
         "--collector",
         help=f"stream metrics to this collector (default: ${ADDRESS_VAR}; none: no metrics)",
     )
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from trainer.serve.app import Server, create_app
+    from trainer.serve.deadline import RequestDeadlineProtocol
     from trainer.serve.engine import Engine
     from trainer.serve.telemetry import MetricsProducer
 
@@ -134,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     # that a clean exit 0 instead of a death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning")
+    # h11 with a deadline per request, whatever HTTP implementation uvicorn would pick.
+    uvicorn.run(
+        create_app(server),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        http=RequestDeadlineProtocol.with_timeout(config.request_timeout_s),
+    )
     return 0
 
 

@@ -9,6 +9,10 @@ client sends can stop the server: every failure of a request is answered and cou
 ``/healthz`` answers 200 with the model, device, queue depth and counts while the generation
 thread runs, 503 when it does not.
 
+A client that disconnects before its body has arrived (or is disconnected for sending it too
+slowly, ``ServeConfig.request_timeout_s``) is no request: it is logged, not answered, and not
+counted among the answers or errors.
+
 >>> # app = create_app(Server(config, engine, producer)); uvicorn.run(app, ...)
 """
 
@@ -22,7 +26,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from schemas import serving as S
 from trainer.serve.batcher import Batcher
@@ -109,7 +114,7 @@ class Server:
             )
         return Job(request, tokens)
 
-    async def generate(self, request: Request) -> JSONResponse:
+    async def generate(self, request: Request) -> Response:
         start = time.perf_counter()
         tokens, kind = 0, None
         try:
@@ -123,6 +128,10 @@ class Server:
                     "finish_reason": answer.finish_reason,
                 }
             )
+        except ClientDisconnect:  # from read_body: the connection is gone
+            client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+            log.info("serve: client %s went away before its request body arrived", client)
+            return Response(status_code=400)  # sent nowhere: uvicorn drops it
         except RequestError as exc:
             kind = exc.kind
             response = JSONResponse(error_body(exc), status_code=exc.status)
@@ -163,7 +172,7 @@ def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="rlpulse policy server", lifespan=lifespan)
 
     @app.post("/generate")
-    async def generate(request: Request) -> JSONResponse:
+    async def generate(request: Request) -> Response:
         """Generate a response for one prompt (see the module docstring for the JSON)."""
         return await server.generate(request)
 

@@ -49,6 +49,10 @@ class ServeConfig:
     max_temperature: float = 10.0
     max_body_bytes: int = 65536
     """Larger request bodies are refused (413) before they are parsed."""
+    request_timeout_s: float = 30.0
+    """A connection must deliver each request whole (headers and body) within this many
+    seconds of opening, or of its first byte after the previous answer; else it is closed
+    (half-open and slow-loris connections). Generating the answer is not limited by it."""
     collector: str | None = None
     """Collector address (``tcp://host:5555``) to stream serving metrics to; None: no metrics."""
     run: str = "serve"
@@ -130,6 +134,12 @@ class ServeConfig:
             "run",
             "must be a non-empty string",
             self.run,
+        )
+        _require(
+            _number(self.request_timeout_s) and 0.05 <= self.request_timeout_s <= 3600,
+            "request_timeout_s",
+            "must be a number of seconds from 0.05 to 3600",
+            self.request_timeout_s,
         )
         _require(
             _number(self.report_interval_s) and 0.05 <= self.report_interval_s <= 3600,

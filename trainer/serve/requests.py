@@ -27,6 +27,8 @@ from schemas import serving as S
 
 FIELDS = ("prompt", "max_new_tokens", "temperature")
 """The fields of a request body."""
+EXAMPLE = '{"prompt": "abc>", "max_new_tokens": 8, "temperature": 0}'
+"""A valid body, quoted by the errors about a body's shape."""
 
 STATUS: dict[str, int] = {
     S.INVALID_JSON: 400,
@@ -89,14 +91,29 @@ def parse_request(body: bytes, limits: Limits) -> GenerateRequest:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(
+            S.INVALID_JSON, f"the body is not valid JSON ({exc}); send an object such as {EXAMPLE}"
+        ) from None
+    except RecursionError:
+        raise RequestError(
             S.INVALID_JSON,
-            f"the body is not valid JSON ({exc}); send an object such as "
-            '{"prompt": "abc>", "max_new_tokens": 8, "temperature": 0}',
+            "the body nests arrays or objects too deeply to parse; a request is one flat "
+            f"object such as {EXAMPLE}",
+        ) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise RequestError(
+            S.INVALID_JSON, f"the body holds a number too long to parse ({exc})"
         ) from None
     if not isinstance(data, dict):
         raise RequestError(
             S.INVALID_JSON, f"the body must be a JSON object, got {_json_type(data)}"
         )
+    for key in data:
+        if _lone_surrogate(key) is not None:
+            raise RequestError(
+                S.INVALID_JSON,
+                f"the field name {_short(key)} holds a lone UTF-16 surrogate, which is not a "
+                f"Unicode character; the fields are {', '.join(FIELDS)}",
+            )
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise RequestError(
@@ -116,6 +133,15 @@ def parse_request(body: bytes, limits: Limits) -> GenerateRequest:
         )
     if not prompt:
         raise RequestError(S.EMPTY_PROMPT, "prompt is empty", field="prompt")
+    at = _lone_surrogate(prompt)
+    if at is not None:
+        raise RequestError(
+            S.INVALID_JSON,
+            f"prompt holds a lone UTF-16 surrogate ({prompt[at]!r} at character {at}), which "
+            "is not a Unicode character: send the text as UTF-8, with a character outside "
+            "the Basic Multilingual Plane escaped as a surrogate pair",
+            field="prompt",
+        )
     max_new_tokens = data.get("max_new_tokens", limits.default_max_new_tokens)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise RequestError(
@@ -127,7 +153,8 @@ def parse_request(body: bytes, limits: Limits) -> GenerateRequest:
     if not 1 <= max_new_tokens <= limits.max_new_tokens:
         raise RequestError(
             S.OUT_OF_RANGE,
-            f"max_new_tokens must be from 1 to {limits.max_new_tokens}, got {max_new_tokens}",
+            f"max_new_tokens must be from 1 to {limits.max_new_tokens}, got "
+            f"{_short(max_new_tokens)}",
             field="max_new_tokens",
         )
     temperature = data.get("temperature", limits.default_temperature)
@@ -137,14 +164,26 @@ def parse_request(body: bytes, limits: Limits) -> GenerateRequest:
             f"temperature must be a number, got {_json_type(temperature)} ({_short(temperature)})",
             field="temperature",
         )
-    if not (math.isfinite(temperature) and 0 <= temperature <= limits.max_temperature):
+    # An integer is compared as one: one too large for a float must not overflow here.
+    finite = isinstance(temperature, int) or math.isfinite(temperature)
+    if not (finite and 0 <= temperature <= limits.max_temperature):
         raise RequestError(
             S.OUT_OF_RANGE,
             f"temperature must be from 0 (greedy) to {limits.max_temperature:g}, got "
-            f"{temperature!r}",
+            f"{_short(temperature)}",
             field="temperature",
         )
     return GenerateRequest(prompt, max_new_tokens, float(temperature))
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where ``text`` holds a UTF-16 surrogate that is no character (JSON's ``"\\ud800"``
+    decodes to one); None when it is all Unicode characters."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def _json_type(value: Any) -> str:
