@@ -13,7 +13,7 @@ IVENV := .venv-integrations
 IPY := $(IVENV)/bin/python
 ISTAMP := $(IVENV)/.rlpulse-installed
 
-.PHONY: install install-integrations demo demo-synthetic test test-slow lint bench clean
+.PHONY: install install-integrations wheelhouse demo demo-synthetic test test-slow lint bench clean
 
 # torch goes first and pinned, so nothing later resolves it to a CUDA build.
 $(STAMP): pyproject.toml
@@ -41,7 +41,14 @@ demo: install
 demo-synthetic: install
 	$(PY) scripts/demo_synthetic.py
 
-test: install install-integrations
+# The base install's dependencies as wheels, for the test that installs the built wheel into a
+# fresh virtual environment inside the test suite's network namespace (no registry there).
+WHEELHOUSE := .wheelhouse
+
+wheelhouse: pyproject.toml
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-build-isolation -d $(WHEELHOUSE) .
+
+test: install install-integrations wheelhouse
 	bash scripts/install-system-deps.sh
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
@@ -57,4 +64,4 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(IVENV) runs out .pytest_cache
+	rm -rf $(VENV) $(IVENV) $(WHEELHOUSE) runs out .pytest_cache

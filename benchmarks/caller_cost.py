@@ -131,8 +131,8 @@ class Rlpulse(Contender):
 
     def __init__(self, p: Payloads, tmp: Path) -> None:
         super().__init__(p)
-        from collector.launch import start_collector
-        from producer import Masked, Producer
+        from rlpulse.collector.launch import start_collector
+        from rlpulse.producer import Masked, Producer
 
         self._masked = Masked
         out = tmp / "rlpulse.jsonl"

@@ -20,8 +20,8 @@ from tempfile import mkdtemp
 from typing import Any
 
 from benchmarks.common import free_port, load_snapshot, summarize, write_json
-from collector.launch import start_collector
-from producer import Producer
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Producer
 
 UP, DOWN = 200, 400
 PACE_S = 0.005
@@ -44,8 +44,8 @@ def _records(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 def available() -> str | None:
     """None when the reliability work is in place, else why not."""
-    from collector.config import CollectorConfig
-    from schemas import protocol
+    from rlpulse.collector.config import CollectorConfig
+    from rlpulse.schemas import protocol
 
     if not hasattr(protocol, "Ack"):
         return "the collector does not acknowledge delivery yet (reliability issue not landed)"

@@ -3,7 +3,7 @@
 For each ranks x metrics configuration, simulated ranks (``benchmarks.wire``) in two sender
 processes stream steps into
 
-* the real collector daemon (``collector.launch.start_collector``, jsonl sink): values/s from
+* the real collector daemon (``rlpulse.collector.launch.start_collector``, jsonl sink): values/s from
   the first ``log()`` (message sent) to the last step's line in the jsonl file; and
 * the floor: the same bytes into a bare ZeroMQ PULL socket that msgpack-decodes each message.
 
@@ -34,7 +34,7 @@ import zmq
 
 from benchmarks import wire
 from benchmarks.common import CpuSteal, JsonlTail, load_snapshot, median, write_json
-from collector.launch import start_collector
+from rlpulse.collector.launch import start_collector
 
 SPAWN = mp.get_context("spawn")
 SENDERS = 2

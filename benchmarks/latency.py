@@ -2,7 +2,7 @@
 
 A real collector daemon runs with a jsonl sink and a Prometheus sink. For each step, R-1
 simulated ranks (``benchmarks.wire``, one DEALER socket) send their metrics and ``done`` for
-the step; then the last rank, a real :class:`producer.Producer`, calls ``log()`` and
+the step; then the last rank, a real :class:`rlpulse.producer.Producer`, calls ``log()`` and
 ``step_done()`` as the trainer's workers do, and the clock starts at that ``log()``. All ranks
 finish together, the worst case: the collector still has the other ranks' messages to work
 through when the last one arrives. The benchmark then watches the jsonl file (every 0.25 ms)
@@ -33,8 +33,8 @@ import zmq
 
 from benchmarks import wire
 from benchmarks.common import JsonlTail, free_port, load_snapshot, summarize, write_json
-from collector.launch import start_collector
-from producer import Producer
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Producer
 
 ROLE = "actor_train"
 METRICS = 60
@@ -163,7 +163,7 @@ def prometheus_available() -> str | None:
     try:
         import prometheus_client  # noqa: F401
 
-        from collector.sinks import prometheus  # noqa: F401
+        from rlpulse.collector.sinks import prometheus  # noqa: F401
     except ImportError as exc:
         return f"collector.sinks.prometheus cannot be imported: {exc}"
     return None

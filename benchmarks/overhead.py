@@ -27,7 +27,7 @@ def metrics_off_args() -> list[str] | None:
     """The trainer arguments that turn metrics off, or None if it has none."""
     try:
         help_text = subprocess.run(
-            [sys.executable, "-m", "trainer", "--help"],
+            [sys.executable, "-m", "rlpulse.trainer", "--help"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -37,7 +37,7 @@ def metrics_off_args() -> list[str] | None:
     if "--no-metrics" in help_text:
         return ["--no-metrics"]
     try:
-        from trainer.config import TrainerConfig
+        from rlpulse.trainer.config import TrainerConfig
 
         names = {f.name for f in dataclasses.fields(TrainerConfig)}
     except Exception:  # the trainer is being written: any import problem means "not yet"
@@ -54,7 +54,7 @@ def run_trainer(extra: list[str], steps: int, netns: bool) -> float:
     cmd = [
         sys.executable,
         "-m",
-        "trainer",
+        "rlpulse.trainer",
         "--steps",
         str(steps),
         "--output-dir",
@@ -121,7 +121,7 @@ def summarize(
         "load_start": load0,
         "load_end": load1,
         "markdown": [
-            f"`python -m trainer --steps {steps}` with metrics on and with `{' '.join(off)}`, same "
+            f"`python -m rlpulse.trainer --steps {steps}` with metrics on and with `{' '.join(off)}`, same "
             f"seed, in the order {', '.join(ORDER)}; each run's median step time as its driver timed "
             "it (Ray start-up and the SFT warm-start excluded).",
             "",
@@ -146,7 +146,7 @@ def main() -> None:
         write_json(
             args.out,
             {
-                "skipped": "trainer not available with a metrics switch: `python -m trainer --help` "
+                "skipped": "trainer not available with a metrics switch: `python -m rlpulse.trainer --help` "
                 "has no `--no-metrics` and `TrainerConfig` has no `metrics` field, so there is no "
                 "metrics-off run to compare with"
             },

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import load_snapshot, summarize, write_json
-from producer.config import ProducerConfig
+from rlpulse.producer.config import ProducerConfig
 
 N = 1_000_000
 PAUSE_S = 0.002
@@ -64,7 +64,7 @@ def interleave(contenders: dict[str, Callable[[], object]], calls: int, between=
 
 
 def _collector(tmp: Path) -> Any:
-    from collector.launch import start_collector
+    from rlpulse.collector.launch import start_collector
 
     return start_collector(
         {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(tmp / "out.jsonl")}}},
@@ -79,7 +79,7 @@ def _collector(tmp: Path) -> Any:
 def cpu_section(calls: int, tmp: Path) -> dict[str, Any]:
     import torch
 
-    from producer import Masked, Producer
+    from rlpulse.producer import Masked, Producer
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -140,8 +140,8 @@ def cpu_section(calls: int, tmp: Path) -> dict[str, Any]:
 
 FIRST_CALL = """
 import json, sys, time, torch
-from producer import Producer
-from producer.config import ProducerConfig
+from rlpulse.producer import Producer
+from rlpulse.producer.config import ProducerConfig
 t = torch.randn({n}, device="cuda")
 torch.cuda.synchronize()
 p = Producer("{address}", run="first", role="a", config=ProducerConfig(gpu_sample_s=0))
@@ -161,8 +161,8 @@ def gpu_section(calls: int, tmp: Path) -> dict[str, Any]:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device on this machine (the section runs wherever one is)"}
-    from producer import Masked, Producer
-    from schemas import metrics as M
+    from rlpulse.producer import Masked, Producer
+    from rlpulse.schemas import metrics as M
 
     collector = _collector(tmp)
     p = Producer(

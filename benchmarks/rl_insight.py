@@ -100,8 +100,8 @@ class Rlpulse(Contender):
     name = "rlpulse"
 
     def __init__(self, payloads: list[dict[str, float]], tmp: Path) -> None:
-        from collector.launch import start_collector
-        from producer import Producer
+        from rlpulse.collector.launch import start_collector
+        from rlpulse.producer import Producer
 
         self.payloads = payloads
         self.out = tmp / "caller.jsonl"
@@ -218,7 +218,7 @@ def measure_caller(contenders: list[Contender], rounds: int, seed: int) -> dict[
 
 def rank_samples(rank: int, seed: int) -> dict[str, np.ndarray]:
     """One rank's per-response samples for three catalog families at the two-rank step."""
-    from schemas import metrics as M
+    from rlpulse.schemas import metrics as M
 
     rng = np.random.default_rng([seed, rank])
     n = RANK_SIZES[rank]
@@ -238,7 +238,7 @@ class RankWorker:
     ) -> None:
         import rl_insight
 
-        from producer import Producer
+        from rlpulse.producer import Producer
 
         self.rank, self.seed, self.config = rank, seed, config
         self.rli = rl_insight
@@ -270,8 +270,8 @@ class RankWorker:
 def measure_two_ranks(config: dict[str, Any], metrics_port: int, tmp: Path, seed: int) -> dict:
     import ray
 
-    from collector.launch import start_collector
-    from schemas import metrics as M
+    from rlpulse.collector.launch import start_collector
+    from rlpulse.schemas import metrics as M
 
     out = tmp / "two-ranks.jsonl"
     collector = start_collector(

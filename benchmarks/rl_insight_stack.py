@@ -69,7 +69,7 @@ class RlInsightServer:
 
 
 def rl_insight_config(server: RlInsightServer, metrics_port: int) -> dict[str, Any]:
-    """The trainer-side config verl passes as ``trainer.rl_insight``."""
+    """The trainer-side config verl passes as ``rlpulse.trainer.rl_insight``."""
     return {"server": {"url": server.url}, "prometheus": {"metrics_report_port": metrics_port}}
 
 

@@ -1,4 +1,4 @@
-"""Serving under load (issue 14): locust against ``python -m trainer.serve``, with the
+"""Serving under load (issue 14): locust against ``python -m rlpulse.trainer.serve``, with the
 server's own metrics beside locust's.
 
 For 1, 8 and 32 users, a fresh server (the demo's exported policy when ``make demo`` has run,
@@ -8,7 +8,7 @@ posting a reverse-a-word prompt as soon as its previous answer is in. Then the s
 stopped (SIGTERM: the last window is reported) and both sides are compared: locust's request
 count, QPS and latency percentiles (client side: HTTP included) against what the collector
 emitted for the run (server side: the requests counted, errors, and the quantiles of the
-latency histogram merged over every window, as ``schemas.histogram`` computes them).
+latency histogram merged over every window, as ``rlpulse.schemas.histogram`` computes them).
 
     python -m benchmarks.serve_load [--seconds 20] [--users 1,8,32]
 """
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import free_port, load_snapshot, write_json
-from collector.launch import start_collector
-from schemas import metrics as M, serving as S
-from schemas.histogram import quantile
-from schemas.reductions import Stat
+from rlpulse.collector.launch import start_collector
+from rlpulse.schemas import metrics as M, serving as S
+from rlpulse.schemas.histogram import quantile
+from rlpulse.schemas.reductions import Stat
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
@@ -50,9 +50,9 @@ def checkpoint(work: Path) -> tuple[Path, str]:
     )
     if exported and (exported[-1] / "config.json").is_file():
         return exported[-1], f"the demo's exported policy ({exported[-1].relative_to(ROOT)})"
-    from trainer.config import ModelConfig
-    from trainer.model import build_policy
-    from trainer.tokenizer import build_tokenizer
+    from rlpulse.trainer.config import ModelConfig
+    from rlpulse.trainer.model import build_policy
+    from rlpulse.trainer.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     policy = build_policy(ModelConfig(), tokenizer, seed=0)
@@ -164,7 +164,7 @@ def measure(
     cmd = [
         sys.executable,
         "-m",
-        "trainer.serve",
+        "rlpulse.trainer.serve",
         "--model",
         str(model),
         "--port",
@@ -284,7 +284,7 @@ def main() -> None:
         ),
         "met": agree and clean,
         "markdown": [
-            f"`python -m benchmarks.serve_load`: for each user count a fresh `python -m trainer.serve` serving {model_note}, "
+            f"`python -m benchmarks.serve_load`: for each user count a fresh `python -m rlpulse.trainer.serve` serving {model_note}, "
             f"on CPU with one torch thread, metrics streamed to a collector (jsonl); locust {args.seconds} s headless on "
             "loopback, each user posting a reverse-a-word prompt (greedy, max_new_tokens 6) as soon as its previous answer "
             "is in. Each cell is locust / the server: locust's latency is the client's (HTTP and locust's own CPU included), "

@@ -34,7 +34,7 @@ import zmq
 from benchmarks import wire
 from benchmarks.common import CpuSteal, JsonlTail, load_snapshot, median, write_json
 from benchmarks.ingest import ROLE, _check, _sender, _steps, _window
-from collector.launch import CollectorProcess, start_collector
+from rlpulse.collector.launch import CollectorProcess, start_collector
 
 SPAWN = mp.get_context("spawn")
 SENDERS = 4

@@ -2,7 +2,7 @@
 
 Thousands of ranks cannot be thousands of processes on a 2-core machine, so a few sender
 processes each speak for many producer ids. The collector cannot tell: every message is the
-byte-for-byte encoding ``schemas.protocol`` gives (checked by :func:`self_check`): a hello
+byte-for-byte encoding ``rlpulse.schemas.protocol`` gives (checked by :func:`self_check`): a hello
 declaring the rank's name table, then one ``metrics`` message per rank per step with the
 ``done`` folded in, as a producer sends ``log()`` followed by ``step_done()``.
 
@@ -19,8 +19,8 @@ import struct
 
 import msgspec
 
-from schemas import protocol
-from schemas.messages import TableDecl
+from rlpulse.schemas import protocol
+from rlpulse.schemas.messages import TableDecl
 
 MEAN_CODE = 1  # Reduction.MEAN: what names outside the catalog merge by
 

@@ -1,11 +1,11 @@
 """The rlpulse collector and its tools.
 
 commands:
-  python -m collector --config FILE [--bind ADDRESS]   run the collector daemon
-  python -m collector report RUN.jsonl [...]           a PNG of one run's main curves
-  python -m collector compare A.jsonl B.jsonl [...]    a table comparing runs side by side
-  python -m collector keygen DIR NAME [--force]        make a CurveZMQ key pair
-  python -m collector register --url URL --run R --role ROLE [...] [-- COMMAND ...]
+  python -m rlpulse.collector --config FILE [--bind ADDRESS]   run the collector daemon
+  python -m rlpulse.collector report RUN.jsonl [...]           a PNG of one run's main curves
+  python -m rlpulse.collector compare A.jsonl B.jsonl [...]    a table comparing runs side by side
+  python -m rlpulse.collector keygen DIR NAME [--force]        make a CurveZMQ key pair
+  python -m rlpulse.collector register --url URL --run R --role ROLE [...] [-- COMMAND ...]
                                                        keep a /metrics endpoint registered
 
 ``report``, ``compare``, ``keygen`` and ``register`` take ``--help`` of their own. A bad
@@ -19,15 +19,15 @@ import logging
 import sys
 from pathlib import Path
 
-from collector.config import CollectorConfig
-from collector.daemon import Collector, write_ready_file
-from schemas.errors import ConfigError
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.daemon import Collector, write_ready_file
+from rlpulse.schemas.errors import ConfigError
 
-PROG = "python -m collector"
+PROG = "python -m rlpulse.collector"
 
 
 def keygen(argv: list[str]) -> int:
-    """``python -m collector keygen DIR NAME``: a CurveZMQ key pair for the collector or a
+    """``python -m rlpulse.collector keygen DIR NAME``: a CurveZMQ key pair for the collector or a
     worker (``NAME.key`` is public: copy it to the other side; ``NAME.key_secret`` is not).
     Existing keys are never replaced unless ``--force`` is given."""
     import zmq.auth
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])
     if argv[:1] == ["register"]:
-        from producer.register import main as register
+        from rlpulse.producer.register import main as register
 
         return register(argv[1:])
     if argv[:1] in (["report"], ["compare"]):
-        from runtools.cli import main as run_tools
+        from rlpulse.runtools.cli import main as run_tools
 
         return run_tools(argv)
     parser = argparse.ArgumentParser(

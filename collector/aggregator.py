@@ -2,11 +2,11 @@
 steps out, exactly once each.
 
 The work is split by concern: who belongs to a run and who is alive
-(``collector.membership``), the open steps, their merging and completion
-(``collector.steps``), and the metrics derived from emitted steps (``collector.derived``). This
-module routes each message to them and assembles the :class:`~schemas.record.StepRecord` of a
+(``rlpulse.collector.membership``), the open steps, their merging and completion
+(``rlpulse.collector.steps``), and the metrics derived from emitted steps (``rlpulse.collector.derived``). This
+module routes each message to them and assembles the :class:`~rlpulse.schemas.record.StepRecord` of a
 finished step. It also implements the small protocol durable state recovers through
-(``collector.durable.Recoverable``).
+(``rlpulse.collector.durable.Recoverable``).
 
 Data for a step that was already emitted is *late*: counted and logged, never merged.
 
@@ -21,18 +21,18 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from collector.config import CollectorConfig
-from collector.derived import Throughput
-from collector.health import Health
-from collector.membership import FINISHED, Membership, ProducerInfo
-from collector.ratelog import RateLimitedLog
-from collector.spans import SpanReader
-from collector.steps import HARD_OPEN_FACTOR, RunSteps, StepState
-from schemas import protocol
-from schemas.catalog import Catalog
-from schemas.metrics import CATALOG
-from schemas.record import StepRecord
-from schemas.spans import stragglers
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.derived import Throughput
+from rlpulse.collector.health import Health
+from rlpulse.collector.membership import FINISHED, Membership, ProducerInfo
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.spans import SpanReader
+from rlpulse.collector.steps import HARD_OPEN_FACTOR, RunSteps, StepState
+from rlpulse.schemas import protocol
+from rlpulse.schemas.catalog import Catalog
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.spans import stragglers
 
 log = logging.getLogger("rlpulse.collector")
 
@@ -44,7 +44,7 @@ class Aggregator:
     """
 
     decides_attempts = True
-    """Whether this collector decides run attempts (``collector.membership``); a relay
+    """Whether this collector decides run attempts (``rlpulse.collector.membership``); a relay
     forwards names and lets the collector above decide."""
 
     def __init__(

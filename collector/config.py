@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from collector.discovery import TargetPolicy
-from collector.sinks import SINKS, sink_class
-from schemas.errors import ConfigError
-from schemas.messages import DEFAULT_LIMITS
+from rlpulse.collector.discovery import TargetPolicy
+from rlpulse.collector.sinks import SINKS, sink_class
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.messages import DEFAULT_LIMITS
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -64,8 +64,8 @@ class CollectorConfig:
     * ``max_names_per_entry``, ``max_name_length``, ``max_names_per_run``: input limits (a
       cardinality bomb must not take memory without bound).
     * ``curve``: CurveZMQ encryption and authentication, ``{server_cert: <server>.key_secret,
-      clients_dir: <folder of allowed clients' .key files>}`` (``python -m collector keygen``).
-    * ``upstream``: makes this collector a *relay* (``collector.relay``): it merges its own
+      clients_dir: <folder of allowed clients' .key files>}`` (``python -m rlpulse.collector keygen``).
+    * ``upstream``: makes this collector a *relay* (``rlpulse.collector.relay``): it merges its own
       ranks' states per step and forwards them, as states, to the collector at this address,
       which merges the relays again. A relay has no trackers. ``upstream_curve``:
       ``{server_key: <above>.key, client_cert: <relay>.key_secret}`` when the collector above
@@ -73,7 +73,7 @@ class CollectorConfig:
     * ``sd_targets``: which registered ``/metrics`` endpoints ``/sd`` may list for Prometheus,
       ``{allow: [networks, addresses, host names, "*.suffix"], deny: [...]}``; ``deny``
       defaults to the link-local networks and cloud metadata addresses, ``allow`` to any host
-      (``collector.discovery.TargetPolicy``).
+      (``rlpulse.collector.discovery.TargetPolicy``).
     """
 
     bind: str = DEFAULT_BIND
@@ -168,7 +168,7 @@ class CollectorConfig:
 
     @property
     def target_policy(self) -> TargetPolicy:
-        """``sd_targets`` as the policy ``collector.discovery`` applies."""
+        """``sd_targets`` as the policy ``rlpulse.collector.discovery`` applies."""
         return TargetPolicy.from_mapping(self.sd_targets)
 
     @classmethod
@@ -268,7 +268,7 @@ def _check_curve(curve: object) -> None:
     if not cert.is_file():
         raise ConfigError(
             "curve.server_cert",
-            "is not a file (make one with `python -m collector keygen`)",
+            "is not a file (make one with `python -m rlpulse.collector keygen`)",
             str(cert),
         )
     if not clients.is_dir():

@@ -2,10 +2,10 @@
 
 One thread receives and aggregates (ZeroMQ ROUTER socket, polled with a short timeout so grace
 periods and liveness are checked even when nothing arrives); every sink runs on its own
-thread (``collector.fanout``). Per receive batch:
+thread (``rlpulse.collector.fanout``). Per receive batch:
 
 1. decode and validate each message (rejects counted by reason, logged with rate limiting);
-2. deduplicate and order it per producer (``collector.delivery``);
+2. deduplicate and order it per producer (``rlpulse.collector.delivery``);
 3. append it to the write-ahead log (with ``state_dir``) and apply it to the aggregator;
 4. emit finished steps (to the outbox with ``state_dir``, else to the sinks' queues);
 5. make the logs durable, wake the sinks, and only then acknowledge to the producers.
@@ -13,7 +13,7 @@ thread (``collector.fanout``). Per receive batch:
 SIGTERM/SIGINT: drain the socket, then emit open steps flagged partial (without
 ``state_dir``; with it they stay in the log and complete after the next start), write and
 close the sinks, exit 0. SIGUSR1 (:meth:`Collector.finish`): the job is over, so open steps
-are emitted and written even with ``state_dir`` (``collector.onray``'s ``stop()``); what a
+are emitted and written even with ``state_dir`` (``rlpulse.collector.onray``'s ``stop()``); what a
 stop left unwritten is then in ``state_dir/stopped.json``.
 
 A full disk under ``state_dir``: a write of the logs that fails leaves nothing half written
@@ -36,21 +36,21 @@ from pathlib import Path
 
 import zmq
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from collector.delivery import Delivery
-from collector.discovery import PUBLISH_S, Discovery
-from collector.durable import DurableState
-from collector.fanout import FanOut
-from collector.health import Health
-from collector.ratelog import RateLimitedLog
-from collector.receiver import Endpoint, Receiver
-from collector.relay import RelayAggregator
-from collector.sinks import build_sink
-from collector.sinks.base import Sink, SinkContext
-from collector.upstream import UpstreamSink, relay_id
-from schemas import protocol
-from schemas.metrics import CATALOG
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.delivery import Delivery
+from rlpulse.collector.discovery import PUBLISH_S, Discovery
+from rlpulse.collector.durable import DurableState
+from rlpulse.collector.fanout import FanOut
+from rlpulse.collector.health import Health
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.receiver import Endpoint, Receiver
+from rlpulse.collector.relay import RelayAggregator
+from rlpulse.collector.sinks import build_sink
+from rlpulse.collector.sinks.base import Sink, SinkContext
+from rlpulse.collector.upstream import UpstreamSink, relay_id
+from rlpulse.schemas import protocol
+from rlpulse.schemas.metrics import CATALOG
 
 log = logging.getLogger("rlpulse.collector")
 POLL_MS = 20
@@ -64,7 +64,7 @@ class Collector:
     """The daemon, constructed from a config; ``run()`` blocks until ``stop()`` or a signal.
 
     ``sinks`` replaces the configured trackers (tests pass in-memory ones); ``environ`` is
-    where the trackers' environment variables are read (``collector.env``).
+    where the trackers' environment variables are read (``rlpulse.collector.env``).
 
     >>> # c = Collector(CollectorConfig.load("collector.yaml")); c.run()
     """
@@ -305,7 +305,7 @@ class Collector:
 
     def _report_stop(self, abandoned: list[str]) -> None:
         """With ``state_dir``: what this stop left there, as ``stopped.json`` (read by
-        ``collector.onray``): open steps kept for a next start, and per sink the records not
+        ``rlpulse.collector.onray``): open steps kept for a next start, and per sink the records not
         written (a relay's ``upstream``: not acknowledged by the collector above)."""
         if self.config.state_dir is None:
             return

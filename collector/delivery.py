@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from collector.health import Health
-from collector.ratelog import RateLimitedLog
-from schemas import protocol
+from rlpulse.collector.health import Health
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.schemas import protocol
 
 log = logging.getLogger("rlpulse.collector")
 HELLOS = (protocol.Hello, protocol.RelayHello)

@@ -7,7 +7,7 @@ see their catalog help).
 from the end of the step before the window to the end of the newest (a step ends at the
 latest ``log()`` of any rank). A running total adds up its sources' values of each step.
 A histogram's quantiles are read off the step's bucket counts, which the step has already
-merged across ranks (``schemas.histogram``); they need nothing from earlier steps.
+merged across ranks (``rlpulse.schemas.histogram``); they need nothing from earlier steps.
 
 >>> t = Throughput(window=1)
 >>> m0 = {"system/step_tokens": 100.0}; t.derive(10.0, m0)
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from schemas import metrics as M
-from schemas.histogram import Histogram, quantile
-from schemas.reductions import Stat
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.histogram import Histogram, quantile
+from rlpulse.schemas.reductions import Stat
 
 _TOTALS: tuple[tuple[tuple[str, ...], str], ...] = (
     ((M.SYSTEM_STEP_SAMPLES.name,), M.SYSTEM_SAMPLES.name),

@@ -37,17 +37,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from collector.config import CollectorConfig
-from collector.ratelog import RateLimitedLog
-from collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
-from schemas import protocol
-from schemas.errors import ConfigError, SchemaError
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
+from rlpulse.schemas import protocol
+from rlpulse.schemas.errors import ConfigError, SchemaError
+from rlpulse.schemas.record import StepRecord
 
 
 class Recoverable(Protocol):
     """What recovery needs of the aggregator: replay messages, skip emitted steps, and a
-    snapshot of what open steps do not hold (``collector.aggregator.Aggregator``)."""
+    snapshot of what open steps do not hold (``rlpulse.collector.aggregator.Aggregator``)."""
 
     def handle(
         self, msg: protocol.Message, now: float, position: object = None, replay: bool = False
@@ -64,7 +64,7 @@ class Recoverable(Protocol):
 
 class Sequencer(Protocol):
     """What recovery needs of delivery: where each producer's numbering stands
-    (``collector.delivery.Delivery``)."""
+    (``rlpulse.collector.delivery.Delivery``)."""
 
     def note_replayed(self, msg: protocol.Message) -> None: ...
 
@@ -121,7 +121,7 @@ def decode_record(payload: bytes) -> tuple[int, float, Any]:
     """An outbox record: a step for the sinks, or (a relay's) a record for the collector above."""
     obj = json.loads(payload)
     if "relay" in obj:
-        from collector.relay import RelayRecord
+        from rlpulse.collector.relay import RelayRecord
 
         return int(obj["seq"]), float(obj["emitted_at"]), RelayRecord.from_json(obj["relay"])
     return int(obj["seq"]), float(obj["emitted_at"]), StepRecord.from_json(obj["record"])

@@ -2,7 +2,7 @@
 
 Sinks never read the environment: each lists in ``ENV`` the variables that stand in for its
 kwargs (``WANDB_MODE`` for wandb's ``mode``), and :func:`sink_defaults` reads them at start-up
-into the sink's :class:`~collector.sinks.base.SinkContext`.
+into the sink's :class:`~rlpulse.collector.sinks.base.SinkContext`.
 
 >>> sink_defaults({"mode": "WANDB_MODE"}, {"WANDB_MODE": "offline"})["mode"]
 Setting(value='offline', source='WANDB_MODE')
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from collector.sinks.base import Setting
+from rlpulse.collector.sinks.base import Setting
 
 
 def sink_defaults(variables: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, Setting]:

@@ -25,11 +25,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from collector.config import CollectorConfig
-from collector.durable import DurableState, OutboxReader
-from collector.ratelog import RateLimitedLog
-from collector.sinks.base import Sink
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.durable import DurableState, OutboxReader
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.sinks.base import Sink
+from rlpulse.schemas.record import StepRecord
 
 log = logging.getLogger("rlpulse.collector.fanout")
 _STOP = object()

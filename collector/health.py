@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, overload
 
-from schemas.protocol import COLLECTOR_DROP_KEYS, DROP_KEYS
+from rlpulse.schemas.protocol import COLLECTOR_DROP_KEYS, DROP_KEYS
 
 _SENDER_DROPS = tuple(k for k in DROP_KEYS if k not in COLLECTOR_DROP_KEYS)
 
@@ -56,7 +56,7 @@ MALFORMED = SelfMetric(
     "Messages rejected as malformed, by reason.",
     key="malformed",
 )
-"""Labelled by ``reason``; every reason in ``schemas.errors.REJECT_REASONS`` from start-up."""
+"""Labelled by ``reason``; every reason in ``rlpulse.schemas.errors.REJECT_REASONS`` from start-up."""
 
 SINK_METRICS: tuple[SelfMetric, ...] = (
     SelfMetric(

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from collector.config import CollectorConfig
+from rlpulse.collector.config import CollectorConfig
 
 
 class CollectorProcess:
@@ -71,7 +71,7 @@ def start_collector(
     env: Mapping[str, str] | None = None,
     die_with_parent: bool = False,
 ) -> CollectorProcess:
-    """Run ``python -m collector`` with ``config`` (a :class:`CollectorConfig`, or its YAML
+    """Run ``python -m rlpulse.collector`` with ``config`` (a :class:`CollectorConfig`, or its YAML
     form, checked here first: a bad one raises ConfigError naming the field); ``bind``
     overrides the config's, by default with a free loopback port (None keeps the config's).
     With ``die_with_parent`` (Linux) the collector gets SIGTERM when this process dies, even
@@ -85,7 +85,7 @@ def start_collector(
     cmd = [
         sys.executable,
         "-m",
-        "collector",
+        "rlpulse.collector",
         "--config",
         str(config_path),
         "--ready-file",

@@ -23,11 +23,11 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from collector.discovery import ScrapeTarget
-from collector.health import Health
-from collector.ratelog import RateLimitedLog
-from schemas import protocol
-from schemas.messages import Table, TableDecl
+from rlpulse.collector.discovery import ScrapeTarget
+from rlpulse.collector.health import Health
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.schemas import protocol
+from rlpulse.schemas.messages import Table, TableDecl
 
 log = logging.getLogger("rlpulse.collector")
 FINISHED = 1 << 62

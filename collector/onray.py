@@ -2,7 +2,7 @@
 
 The driver of a Ray job starts them once, before its workers::
 
-    from collector.onray import RayCollectors, RayCollectorsConfig
+    from rlpulse.collector.onray import RayCollectors, RayCollectorsConfig
 
     collectors = RayCollectors.start(RayCollectorsConfig(root={
         "track_with": ["tensorboard"], "tracker_kwargs": {"tensorboard": {"log_dir": "tb"}},
@@ -10,14 +10,14 @@ The driver of a Ray job starts them once, before its workers::
     ...  # create workers; each Producer(...) without an address finds its node's relay
     collectors.stop()  # relays forward what they hold, then the root writes it all
 
-Each collector is a Ray actor that runs ``python -m collector`` as its child (it gets SIGTERM
+Each collector is a Ray actor that runs ``python -m rlpulse.collector`` as its child (it gets SIGTERM
 if the actor dies). The root runs on the driver's node and binds that node's IP; a relay runs
 on every alive node (``NodeAffinitySchedulingStrategy``, not soft) and binds loopback: only
 the workers of its node talk to it, and only the relay-to-root hop crosses the network
-(``upstream_curve`` encrypts it). Relays are named actors (``producer.env.relay_actor_name``:
+(``upstream_curve`` encrypts it). Relays are named actors (``rlpulse.producer.env.relay_actor_name``:
 job and node) in the ``rlpulse`` namespace, which is how a producer created without an
 address, in the driver or any worker of the job, finds its node's relay
-(``producer.env.node_relay_address``); ``RLPULSE_ADDRESS`` still wins when set.
+(``rlpulse.producer.env.node_relay_address``); ``RLPULSE_ADDRESS`` still wins when set.
 
 Each :meth:`RayCollectors.start` is an *attempt* with an id of its own: the collectors keep
 their ``state_dir`` under ``state_root/rlpulse-ray/<job>-<attempt>/``, never under the Ray job
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collector.config import CollectorConfig
-from producer.env import RAY_NAMESPACE, relay_actor_name
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.producer.env import RAY_NAMESPACE, relay_actor_name
 
 log = logging.getLogger("rlpulse.collector.onray")
 RESTART_WAIT_S = 60.0
@@ -103,7 +103,7 @@ class CollectorActor:
     same one and producers reconnect to it."""
 
     def __init__(self, config: Mapping[str, Any], host: str, port: int) -> None:
-        from collector.launch import start_collector
+        from rlpulse.collector.launch import start_collector
 
         self.state = Path(config["state_dir"])
         self.state.mkdir(parents=True, exist_ok=True)

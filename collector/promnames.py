@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.catalog import Catalog, Template
-from schemas.metrics import CATALOG, STRAGGLER
+from rlpulse.schemas.catalog import Catalog, Template
+from rlpulse.schemas.metrics import CATALOG, STRAGGLER
 
 PREFIX = "rlpulse_"
 

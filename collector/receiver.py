@@ -5,7 +5,7 @@ receiver that turns its frames into validated messages and sends acknowledgement
 with ZeroMQ's ``recv_multipart``/``send_multipart`` (tests pass their own). Rejects are counted
 by reason and logged with rate limiting; a failed CurveZMQ handshake is counted too. A
 rejected data message whose producer and number are still readable goes on as a
-:class:`~schemas.protocol.Rejected` stand-in, so its producer's later messages are not held up
+:class:`~rlpulse.schemas.protocol.Rejected` stand-in, so its producer's later messages are not held up
 behind it; a hello's bad tables are counted and left out, its good ones kept.
 """
 
@@ -21,11 +21,11 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from collector.config import CollectorConfig
-from collector.health import Health
-from collector.ratelog import RateLimitedLog
-from schemas import protocol
-from schemas.errors import ConfigError, SchemaError
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.health import Health
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.schemas import protocol
+from rlpulse.schemas.errors import ConfigError, SchemaError
 
 log = logging.getLogger("rlpulse.collector")
 RCVHWM = 100_000
@@ -135,7 +135,7 @@ class Receiver:
     ) -> Iterator[tuple[bytes, protocol.Message | protocol.Rejected, bytes]]:
         """Up to ``budget`` waiting messages, without blocking: ``(identity, message, raw)``
         of each valid one, and of each rejected data message that can still be placed, a
-        :class:`~schemas.protocol.Rejected` for the message (every reject is counted by
+        :class:`~rlpulse.schemas.protocol.Rejected` for the message (every reject is counted by
         reason)."""
         recv, health, problems = self.socket.recv, self.health, self._problems
         for _ in range(budget):

@@ -9,10 +9,10 @@ additions). What a relay knows and the root needs travels with the data:
 
 * **members**: every producer behind the relay (its run, role, rank, world size, declared
   topology, registered metrics endpoint), announced in the relay's hello
-  (:class:`~schemas.messages.RelayHello`), again when one joins or when the relay presumes one
+  (:class:`~rlpulse.schemas.messages.RelayHello`), again when one joins or when the relay presumes one
   gone (silent for ``liveness_s``). The root registers them as if they had said hello, so it
   waits for them and for nobody else's;
-* **deltas** (:class:`~schemas.messages.Delta`): for a step, the merged states of the ranks
+* **deltas** (:class:`~rlpulse.schemas.messages.Delta`): for a step, the merged states of the ranks
   that finished it, and *watermarks*: each of those ranks has finished every step up to this
   one and all its data for them is forwarded. The root marks them done only then.
 
@@ -38,12 +38,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from collector.membership import ProducerInfo, Slot
-from collector.steps import RunSteps, StepState
-from schemas import protocol
-from schemas.messages import Member, Table, TableDecl
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.membership import ProducerInfo, Slot
+from rlpulse.collector.steps import RunSteps, StepState
+from rlpulse.schemas import protocol
+from rlpulse.schemas.messages import Member, Table, TableDecl
 
 log = logging.getLogger("rlpulse.collector.relay")
 FORWARDED_STEPS = 4096
@@ -57,7 +57,7 @@ ranks behind a silent relay gone after its ``liveness_s``."""
 class RelayRecord:
     """One item for the collector above, in order: an announcement (``tables`` and
     ``members`` new or changed) or a numbered delta (``message``, the encoded
-    :class:`~schemas.messages.Delta`). Kept in the outbox like an emitted step."""
+    :class:`~rlpulse.schemas.messages.Delta`). Kept in the outbox like an emitted step."""
 
     kind: str
     seq: int = 0

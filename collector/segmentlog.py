@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector.ratelog import RateLimitedLog
+from rlpulse.collector.ratelog import RateLimitedLog
 
 log = logging.getLogger("rlpulse.collector.log")
 HEADER = struct.Struct("<II")

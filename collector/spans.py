@@ -1,7 +1,7 @@
-"""Spans from the entries a collector receives from its own ranks (``schemas.spans``).
+"""Spans from the entries a collector receives from its own ranks (``rlpulse.schemas.spans``).
 
 An entry whose table has a phase's ``time/{cluster}/{phase}/total`` is the end of that phase
-on that rank: :class:`SpanReader` reads it into a :class:`~schemas.spans.Span` with the
+on that rank: :class:`SpanReader` reads it into a :class:`~rlpulse.schemas.spans.Span` with the
 phase's ``execute`` and GPU ``total`` when the table has them. Which columns those are is
 worked out once per name table (tables are shared and compared by identity), so an entry of
 any other table costs one dictionary lookup.
@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from schemas.messages import ROW_BYTES, Table
-from schemas.spans import Span
-from schemas.topology import TIME_PHASE, TIME_PHASE_GPU
+from rlpulse.schemas.messages import ROW_BYTES, Table
+from rlpulse.schemas.spans import Span
+from rlpulse.schemas.topology import TIME_PHASE, TIME_PHASE_GPU
 
 MAX_TABLES = 4096
 """Tables whose phase columns are remembered (more: the memo starts over)."""

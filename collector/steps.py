@@ -2,7 +2,7 @@
 
 Each run keeps a table of the names it has seen (a row index and the catalog's resolution per
 name) and one :class:`StepState` per open step: an array of mergeable states
-(``schemas.values``), which rows were touched and by which roles, and which (role, rank)
+(``rlpulse.schemas.values``), which rows were touched and by which roles, and which (role, rank)
 slots have finished the step. A rank finishes step ``s`` by logging a later step, by saying so
 (``done``), or by closing.
 
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collector.health import Health
-from collector.membership import Members, Slot
-from collector.ratelog import RateLimitedLog
-from schemas.catalog import Catalog, Resolved
-from schemas.messages import Table
-from schemas.reductions import Reduction
-from schemas.spans import Span
-from schemas.values import (
+from rlpulse.collector.health import Health
+from rlpulse.collector.membership import Members, Slot
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.schemas.catalog import Catalog, Resolved
+from rlpulse.schemas.messages import Table
+from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.spans import Span
+from rlpulse.schemas.values import (
     MAX,
     MIN,
     SUM,
@@ -69,7 +69,7 @@ class StepState:
     position: object = None
     """Write-ahead-log position of the step's first data: the log is needed from here on."""
     spans: list[Span] = field(default_factory=list)
-    """Every rank's phases in the step (``collector.spans``)."""
+    """Every rank's phases in the step (``rlpulse.collector.spans``)."""
     inputs: list[tuple] = field(default_factory=list)
     """Every entry merged into the step, as given to :meth:`RunSteps.add` (``(pid, ...)``)
     or :meth:`RunSteps.add_merged` (``(pids, ...)``), kept until it is emitted so a replaced

@@ -1,4 +1,4 @@
-"""A relay's one sink: the collector above it (see ``collector.relay``).
+"""A relay's one sink: the collector above it (see ``rlpulse.collector.relay``).
 
 Records go up in order, each acknowledged before the next; the relay's producer id is kept
 in ``state_dir`` so a restarted relay is the same producer to the root, which applies each of
@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector.config import CollectorConfig
-from collector.relay import RelayRecord
-from collector.sinks.base import Sink
-from schemas import protocol
-from schemas.errors import SchemaError
-from schemas.messages import Member, TableDecl
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.relay import RelayRecord
+from rlpulse.collector.sinks.base import Sink
+from rlpulse.schemas import protocol
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.messages import Member, TableDecl
 
 
 def relay_id(state_dir: str | None) -> int:
@@ -39,7 +39,7 @@ def relay_id(state_dir: str | None) -> int:
 class UpstreamSink(Sink):
     """Forwards a relay's records to the collector above, in order, each acknowledged before
     the next (a delta per step per run: a round trip each is plenty). It runs on its own
-    sink thread (``collector.fanout``); a failure raises and the fan-out retries, so with
+    sink thread (``rlpulse.collector.fanout``); a failure raises and the fan-out retries, so with
     ``state_dir`` nothing is skipped."""
 
     name = "upstream"
@@ -60,8 +60,8 @@ class UpstreamSink(Sink):
 
     def _link(self) -> Any:
         if self._transport is None:
-            from producer.env import load_curve
-            from producer.transport import ZmqTransport
+            from rlpulse.producer.env import load_curve
+            from rlpulse.producer.transport import ZmqTransport
 
             keys = self.config.upstream_curve
             curve = load_curve(keys["server_key"], keys["client_cert"]) if keys else None
@@ -71,7 +71,7 @@ class UpstreamSink(Sink):
 
     def _pump(self, wait_s: float) -> None:
         """Connection events and acknowledgements, waiting up to ``wait_s`` for one."""
-        from producer.transport import Link
+        from rlpulse.producer.transport import Link
 
         link = self._link()
         for event in link.events(wait_s if not self._connected else 0.0):

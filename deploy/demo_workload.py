@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from producer.env import default_address
+from rlpulse.producer.env import default_address
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from demo_synthetic import ROLES, START_S, STEP_S, worker  # spawned children inherit sys.path

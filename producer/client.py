@@ -1,6 +1,6 @@
 """``Producer``: the object a training worker logs through.
 
->>> from producer import Producer, Masked, Weighted
+>>> from rlpulse.producer import Producer, Masked, Weighted
 >>> p = Producer("tcp://127.0.0.1:5555", run="r1", role="actor_train", rank=0, world_size=2)
 >>> p.log({"actor/pg_loss": Weighted(0.31, 4096), "critic/advantages": Masked(adv, mask)}, step=7)
 >>> p.close()
@@ -19,32 +19,32 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
-from producer.cuda import cuda_context
-from producer.deferred import DeviceValue, Pending
-from producer.device import DeviceContext
-from producer.encode import INVALID, Encoder
-from producer.env import (
+from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
+from rlpulse.producer.cuda import cuda_context
+from rlpulse.producer.deferred import DeviceValue, Pending
+from rlpulse.producer.device import DeviceContext
+from rlpulse.producer.encode import INVALID, Encoder
+from rlpulse.producer.env import (
     curve_from_env,
     default_address,
     expected_roles_from_env,
     resume_from_env,
 )
-from producer.gpustate import NvmlSampler
-from producer.memory import MemoryProbe
-from producer.outbox import Identity, Registration
-from producer.phase import Phase, PhaseHooks, PhaseNames
-from producer.reduce import InvalidValue, reduce_value
-from producer.sender import DONE, FLUSH, LOG, Sender
-from producer.stats import Counters, combine
-from producer.transport import CurveKeys, Transport, ZmqTransport
-from schemas.catalog import Catalog
-from schemas.endpoint import MetricsUrl
-from schemas.errors import SchemaError
-from schemas.messages import U63_MAX
-from schemas.metrics import CATALOG
-from schemas.protocol import DEFAULT_LIMITS, new_producer_id
-from schemas.reductions import Reduction
+from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.memory import MemoryProbe
+from rlpulse.producer.outbox import Identity, Registration
+from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
+from rlpulse.producer.reduce import InvalidValue, reduce_value
+from rlpulse.producer.sender import DONE, FLUSH, LOG, Sender
+from rlpulse.producer.stats import Counters, combine
+from rlpulse.producer.transport import CurveKeys, Transport, ZmqTransport
+from rlpulse.schemas.catalog import Catalog
+from rlpulse.schemas.endpoint import MetricsUrl
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.messages import U63_MAX
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.protocol import DEFAULT_LIMITS, new_producer_id
+from rlpulse.schemas.reductions import Reduction
 
 log = logging.getLogger("rlpulse.producer")
 _SIMPLE = frozenset((float, int))
@@ -53,38 +53,38 @@ _SIMPLE = frozenset((float, int))
 class Producer:
     """Sends one worker's metrics to an rlpulse collector, off the training thread.
 
-    ``log(data, step)`` reduces arrays and tensors to mergeable states right away (raw arrays
-    never cross the wire), queues the call and returns; a background thread encodes and
-    sends. Neither ``log()`` nor ``phase()`` ever raises into the caller or blocks on the
-    network: a full queue or an unreachable collector drops, counts (:meth:`stats`) and
-    warns once. The counts reach the collector with every heartbeat.
+        ``log(data, step)`` reduces arrays and tensors to mergeable states right away (raw arrays
+        never cross the wire), queues the call and returns; a background thread encodes and
+        sends. Neither ``log()`` nor ``phase()`` ever raises into the caller or blocks on the
+        network: a full queue or an unreachable collector drops, counts (:meth:`stats`) and
+        warns once. The counts reach the collector with every heartbeat.
 
-    Who it is: ``run``, ``role``, ``rank`` and ``world_size``; ``expected_roles`` (role ->
-    world size) tells the collector the run's whole topology, so it waits for roles that have
-    not registered yet instead of emitting without them (default: ``RLPULSE_EXPECTED_ROLES``,
-``driver=1,actor_train=8``, which verl's setup hook sets). A run name that already ran to its
-    end on the collector starts a new attempt there (``name-2``: :attr:`recorded_run`, and a
-    warning) unless ``resume`` is true: then the run continues (default: ``RLPULSE_RESUME``,
-    or true in a process torchrun restarted). ``reductions`` declares how names
-    outside the catalog merge (``{"my/peak": "max"}``); the catalog's own declarations cannot
-    be overridden. ``curve`` (or the ``RLPULSE_CURVE_*`` environment variables) turns on
-    CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and bounds
-    (:class:`~producer.config.ProducerConfig`).
+        Who it is: ``run``, ``role``, ``rank`` and ``world_size``; ``expected_roles`` (role ->
+        world size) tells the collector the run's whole topology, so it waits for roles that have
+        not registered yet instead of emitting without them (default: ``RLPULSE_EXPECTED_ROLES``,
+    ``driver=1,actor_train=8``, which verl's setup hook sets). A run name that already ran to its
+        end on the collector starts a new attempt there (``name-2``: :attr:`recorded_run`, and a
+        warning) unless ``resume`` is true: then the run continues (default: ``RLPULSE_RESUME``,
+        or true in a process torchrun restarted). ``reductions`` declares how names
+        outside the catalog merge (``{"my/peak": "max"}``); the catalog's own declarations cannot
+        be overridden. ``curve`` (or the ``RLPULSE_CURVE_*`` environment variables) turns on
+        CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and bounds
+        (:class:`~rlpulse.producer.config.ProducerConfig`).
 
-    ``metrics_url`` registers a Prometheus ``/metrics`` endpoint this process serves (a vLLM
-    server's, say): while the producer is open, the collector lists it for Prometheus' HTTP
-    service discovery, labelled with ``run``, ``role`` and ``rank``. A process that only
-    registers its endpoint passes ``logs=False``: it is then no rank of the run (the collector
-    never waits for it) and its ``log()`` calls are dropped::
+        ``metrics_url`` registers a Prometheus ``/metrics`` endpoint this process serves (a vLLM
+        server's, say): while the producer is open, the collector lists it for Prometheus' HTTP
+        service discovery, labelled with ``run``, ``role`` and ``rank``. A process that only
+        registers its endpoint passes ``logs=False``: it is then no rank of the run (the collector
+        never waits for it) and its ``log()`` calls are dropped::
 
-        Producer(run="r1", role="rollout", rank=0, world_size=4, logs=False,
-                 metrics_url="http://10.0.0.7:8000/metrics")
+            Producer(run="r1", role="rollout", rank=0, world_size=4, logs=False,
+                     metrics_url="http://10.0.0.7:8000/metrics")
 
-    Delivery is acknowledged: up to ``config.max_unacked`` messages are kept and resent until
-    the collector has them in its write-ahead log, so a collector restart loses nothing.
+        Delivery is acknowledged: up to ``config.max_unacked`` messages are kept and resent until
+        the collector has them in its write-ahead log, so a collector restart loses nothing.
 
-    The rest are injected dependencies, for tests and tools: ``transport`` (default: ZeroMQ
-    to ``address``), ``catalog``, ``memory_probe``, ``device`` (GPU pipeline) and ``nvml``.
+        The rest are injected dependencies, for tests and tools: ``transport`` (default: ZeroMQ
+        to ``address``), ``catalog``, ``memory_probe``, ``device`` (GPU pipeline) and ``nvml``.
     """
 
     def __init__(
@@ -181,7 +181,7 @@ class Producer:
 
         Values: ``int``/``float`` (one sample), numpy arrays and torch tensors (every element
         a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`. GPU tensors are
-        snapshotted and reduced later by the sender thread (``producer.device``).
+        snapshotted and reduced later by the sender thread (``rlpulse.producer.device``).
         """
         self._log(data, step)
 
@@ -274,7 +274,7 @@ class Producer:
         onload: Callable[[], object] | None = None,
         offload: Callable[[], object] | None = None,
     ) -> Phase:
-        """Time a phase and take memory snapshots around it (see ``producer.phase``)."""
+        """Time a phase and take memory snapshots around it (see ``rlpulse.producer.phase``)."""
         names = self._phase_names.get(infix, ...)
         if names is ...:
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from schemas.errors import ConfigError
+from rlpulse.schemas.errors import ConfigError
 
 MIB = 1024 * 1024
 FLUSH_TIMEOUT_S = 5.0
@@ -31,7 +31,7 @@ class ProducerConfig:
     * ``resend_s``: acknowledgements stalled this long make the producer resend.
     * ``gpu_sample_s``: seconds between NVML readings of the GPUs; 0 turns GPU state off.
     * ``snapshot_limit_bytes``: GPU memory held by snapshots the sender has not reduced yet;
-      past it ``log()`` reduces on the caller's stream (``producer.device``).
+      past it ``log()`` reduces on the caller's stream (``rlpulse.producer.device``).
     """
 
     max_pending: int = 10_000

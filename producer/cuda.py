@@ -1,5 +1,5 @@
-"""CUDA for ``producer.device``: pooled events as markers, one side stream per device, pinned
-host copies. (``producer.memory`` reads the allocator's statistics; nothing else here touches
+"""CUDA for ``rlpulse.producer.device``: pooled events as markers, one side stream per device, pinned
+host copies. (``rlpulse.producer.memory`` reads the allocator's statistics; nothing else here touches
 ``torch.cuda``.)
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from producer.deferred import Marker
-from producer.device import DeviceContext
+from rlpulse.producer.deferred import Marker
+from rlpulse.producer.device import DeviceContext
 
 
 class _CudaMarker:

@@ -1,7 +1,7 @@
 """What the producer's two threads agree on about GPU work: markers in a stream, the device
 runtime behind them, values whose state is known only once the device has caught up, and the
-work a queued ``log()`` call waits for. ``producer.device`` implements the pipeline;
-``producer.cuda`` the runtime for CUDA.
+work a queued ``log()`` call waits for. ``rlpulse.producer.device`` implements the pipeline;
+``rlpulse.producer.cuda`` the runtime for CUDA.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from producer.reduce import Reduced, scalar_state
+from rlpulse.producer.reduce import Reduced, scalar_state
 
 
 class Marker(Protocol):

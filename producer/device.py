@@ -19,7 +19,7 @@ Snapshots cost GPU memory until the sender reduces them (milliseconds). Past
 stream instead (no copy, a dozen launches, still no synchronization).
 
 Everything CUDA-specific sits behind :class:`DeviceOps`, implemented for CUDA in
-``producer.cuda`` (events, streams, pinned copies); tests run the same pipeline on CPU tensors
+``rlpulse.producer.cuda`` (events, streams, pinned copies); tests run the same pipeline on CPU tensors
 through a fake of it.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from producer.deferred import DeviceOps, DeviceValue, Known, Marker, PhaseTimer
-from producer.reduce import (
+from rlpulse.producer.deferred import DeviceOps, DeviceValue, Known, Marker, PhaseTimer
+from rlpulse.producer.reduce import (
     NOTHING,
     InvalidValue,
     Reduced,
@@ -41,7 +41,7 @@ from producer.reduce import (
     scalar_state,
     weighted_state,
 )
-from producer.values import Fraction, Masked, Weighted
+from rlpulse.producer.values import Fraction, Masked, Weighted
 
 
 def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:

@@ -1,7 +1,7 @@
-"""One ``log()`` call's values, reduced, into one wire entry (``schemas.protocol``, version 2).
+"""One ``log()`` call's values, reduced, into one wire entry (``rlpulse.schemas.protocol``, version 2).
 
 A value reaching here is a number (one sample), a reduced ``(Summary, nonfinite)`` pair from
-``producer.reduce``, a GPU value whose state is now known (``producer.deferred``), or
+``rlpulse.producer.reduce``, a GPU value whose state is now known (``rlpulse.producer.deferred``), or
 ``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
 name; a ``LAST`` metric takes exactly one sample.
 
@@ -23,13 +23,13 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from producer.reduce import InvalidValue
-from producer.stats import Counters
-from schemas import protocol
-from schemas.catalog import Catalog
-from schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
-from schemas.reductions import Reduction
-from schemas.values import Summary
+from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.stats import Counters
+from rlpulse.schemas import protocol
+from rlpulse.schemas.catalog import Catalog
+from rlpulse.schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
+from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.values import Summary
 
 INVALID = object()
 """Placed in a payload by ``log()`` for a value it could not read (already counted)."""

@@ -7,8 +7,8 @@ import sys
 import time
 from collections.abc import Mapping
 
-from producer.transport import CurveKeys
-from schemas.errors import ConfigError
+from rlpulse.producer.transport import CurveKeys
+from rlpulse.schemas.errors import ConfigError
 
 ADDRESS_VAR = "RLPULSE_ADDRESS"
 """Collector address for workers that are not told one (Ray actors inherit it via runtime_env)."""
@@ -51,23 +51,23 @@ def expected_roles_from_env(environ: Mapping[str, str] = os.environ) -> dict[str
 
 
 RAY_NAMESPACE = "rlpulse"
-"""The Ray namespace of the collectors ``collector.onray`` starts."""
+"""The Ray namespace of the collectors ``rlpulse.collector.onray`` starts."""
 
 
 def relay_actor_name(job_id: str, node_id: str) -> str:
-    """The name of the relay ``collector.onray`` runs for a Ray job on a node."""
+    """The name of the relay ``rlpulse.collector.onray`` runs for a Ray job on a node."""
     return f"relay-{job_id}-{node_id}"
 
 
 def default_address(environ: Mapping[str, str] = os.environ) -> str:
     """``RLPULSE_ADDRESS``; else, in a Ray job whose driver started collectors with
-    ``collector.onray``, the relay on this process's node; else ``tcp://127.0.0.1:5555``."""
+    ``rlpulse.collector.onray``, the relay on this process's node; else ``tcp://127.0.0.1:5555``."""
     return environ.get(ADDRESS_VAR) or node_relay_address() or DEFAULT_ADDRESS
 
 
 def node_relay_address(timeout_s: float = 30.0) -> str | None:
     """The address of this node's relay when this process is a Ray driver or worker and its
-    job runs one (``collector.onray``); None otherwise. Ray is not imported here: a process
+    job runs one (``rlpulse.collector.onray``); None otherwise. Ray is not imported here: a process
     that has not imported it is not in a Ray job."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
@@ -112,7 +112,7 @@ def curve_from_env(environ: Mapping[str, str] = os.environ) -> CurveKeys | None:
 
 
 def load_curve(server_key: str, client_cert: str) -> CurveKeys:
-    """Read keys made by ``python -m collector keygen`` (zmq.auth certificate files)."""
+    """Read keys made by ``python -m rlpulse.collector keygen`` (zmq.auth certificate files)."""
     import zmq.auth
 
     if os.path.exists(server_key):

@@ -1,6 +1,6 @@
 """GPU state read through NVML, in the sender thread only.
 
-torch's allocator statistics (``producer.memory``) miss the CUDA context, NCCL buffers, and
+torch's allocator statistics (``rlpulse.producer.memory``) miss the CUDA context, NCCL buffers, and
 every other process on the device, such as a vLLM engine that a rollout worker started. NVML
 sees the device as the driver does. Per visible device this reads:
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import psutil
 
-from schemas.catalog import Template
-from schemas.metrics import GPU_DEVICE_MEMORY, GPU_POWER, GPU_TEMPERATURE, GPU_UTILIZATION
+from rlpulse.schemas.catalog import Template
+from rlpulse.schemas.metrics import GPU_DEVICE_MEMORY, GPU_POWER, GPU_TEMPERATURE, GPU_UTILIZATION
 
 log = logging.getLogger("rlpulse.producer")
 GIB = float(1 << 30)

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec
 
-from producer.client import Producer
-from producer.config import FLUSH_TIMEOUT_S
-from schemas.protocol import STAT_KEYS
+from rlpulse.producer.client import Producer
+from rlpulse.producer.config import FLUSH_TIMEOUT_S
+from rlpulse.schemas.protocol import STAT_KEYS
 
 _P = ParamSpec("_P")
 

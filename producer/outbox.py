@@ -24,8 +24,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from schemas import protocol
-from schemas.messages import TableDecl
+from rlpulse.schemas import protocol
+from rlpulse.schemas.messages import TableDecl
 
 HOLD_LIMIT = 10
 """Resend periods a producer the collector holds back waits for its wake-up before it
@@ -178,7 +178,7 @@ class Identity:
     logs: bool = True
     """False: registers ``metrics_url`` only; the collector does not count it as a rank."""
     resume: bool = False
-    """Continue the run even if it has ended on the collector (``schemas.messages.Hello``)."""
+    """Continue the run even if it has ended on the collector (``rlpulse.schemas.messages.Hello``)."""
 
 
 class Registration:

@@ -17,7 +17,7 @@ synchronization) and the sender thread reports the device time between them once
 has passed: ``time/{cluster}/{phase}/gpu/{total,execute,onload,offload}``. A phase that
 queues 300 ms of kernels and returns at once shows ~0 s of host ``execute`` and 300 ms of
 GPU ``execute``. The end of a phase also has the sender read the GPUs through NVML
-(``producer.gpustate``).
+(``rlpulse.producer.gpustate``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from producer.deferred import DeviceValue, Pending, PhaseTimer
-from producer.memory import DeviceMemory, MemoryProbe
-from schemas.metrics import MEMORY_CPU, MEMORY_GPU, TIME_PHASE, TIME_PHASE_GPU
+from rlpulse.producer.deferred import DeviceValue, Pending, PhaseTimer
+from rlpulse.producer.memory import DeviceMemory, MemoryProbe
+from rlpulse.schemas.metrics import MEMORY_CPU, MEMORY_GPU, TIME_PHASE, TIME_PHASE_GPU
 
 if TYPE_CHECKING:
-    from producer.device import DeviceContext
+    from rlpulse.producer.device import DeviceContext
 
 
 class Emit(Protocol):

@@ -1,10 +1,10 @@
 """Turn whatever ``log()`` was given into a mergeable state, in the caller's thread.
 
 Host data (numbers, numpy arrays, CPU tensors) is reduced here, at once. Tensors on a GPU are
-handed to ``producer.device``: the caller only snapshots them, and the sender thread reduces
+handed to ``rlpulse.producer.device``: the caller only snapshots them, and the sender thread reduces
 them later, so ``log()`` never waits for the GPU. Raw arrays never leave the producer.
 
-A reduced value is ``(Summary, nonfinite)``: the mergeable state of ``schemas.values`` and how
+A reduced value is ``(Summary, nonfinite)``: the mergeable state of ``rlpulse.schemas.values`` and how
 many non-finite samples were left out of it (counted, never merged).
 
 The numpy path does the least an exact reduction needs: one float64 sum, a min and a max over
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from producer.values import Fraction, Masked, Weighted
-from schemas.values import EMPTY, Summary
+from rlpulse.producer.values import Fraction, Masked, Weighted
+from rlpulse.schemas.values import EMPTY, Summary
 
 Reduced = tuple[Summary, int]
 """A state and the number of non-finite samples left out of it."""
@@ -129,7 +129,7 @@ def _numpy_view(tensor: Any) -> np.ndarray | None:
 def reduce_host_tensor(values: Any, mask: Any | None) -> Reduced:
     """Reduce a tensor with torch where it lives, synchronously: CPU tensors numpy cannot
     view, and devices other than CUDA (no deferral there)."""
-    from producer.device import reduce_tensor
+    from rlpulse.producer.device import reduce_tensor
 
     torch = _torch()
     if mask is not None:
@@ -147,7 +147,7 @@ def reduce_host_tensor(values: Any, mask: Any | None) -> Reduced:
 def reduce_value(value: Any) -> Reduced:
     """Reduce one logged value now; raise :class:`InvalidValue` if it cannot be read.
 
-    ``log()`` sends GPU tensors to ``producer.device`` before it gets here; a GPU tensor that
+    ``log()`` sends GPU tensors to ``rlpulse.producer.device`` before it gets here; a GPU tensor that
     does arrive (tests, tools) is reduced where it lives and read back, which waits for it.
     """
     if isinstance(value, Weighted):

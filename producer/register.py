@@ -1,12 +1,12 @@
-"""``python -m collector register``: keep a process's Prometheus endpoint registered with the
+"""``python -m rlpulse.collector register``: keep a process's Prometheus endpoint registered with the
 collector, for an engine you start from a shell (``vllm serve``) rather than from Python.
 
-It holds a :class:`~producer.client.Producer` made with ``metrics_url`` and ``logs=False``
+It holds a :class:`~rlpulse.producer.client.Producer` made with ``metrics_url`` and ``logs=False``
 (no rank of the run: the collector never waits for it) while a command runs, or until it gets
 SIGTERM or SIGINT; the collector then lists the endpoint at ``/sd`` for Prometheus, labelled
 with the run, role and rank given here::
 
-    python -m collector register --collector tcp://10.0.0.5:5555 --run grpo-7b \\
+    python -m rlpulse.collector register --collector tcp://10.0.0.5:5555 --run grpo-7b \\
         --role rollout --rank 0 --world-size 4 --url http://10.0.0.7:8000/metrics \\
         -- vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000
 
@@ -24,9 +24,9 @@ import sys
 import threading
 from collections.abc import Callable
 
-from producer.client import Producer
+from rlpulse.producer.client import Producer
 
-PROG = "python -m collector register"
+PROG = "python -m rlpulse.collector register"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,9 +10,9 @@ bytes (a collector refuses a larger message; a call larger than that alone is dr
 counted, ``dropped_oversized``). Nothing a call holds may stop this thread: a call that
 cannot be encoded is dropped and counted. A message the collector refused anyway is
 acknowledged as rejected, and its calls are counted (``dropped_rejected``), not resent.
-Numbering, acknowledgements and resends are :class:`~producer.outbox.Outbox`'s;
-encoding is :class:`~producer.encode.Encoder`'s; bytes go through a
-:class:`~producer.transport.Transport`.
+Numbering, acknowledgements and resends are :class:`~rlpulse.producer.outbox.Outbox`'s;
+encoding is :class:`~rlpulse.producer.encode.Encoder`'s; bytes go through a
+:class:`~rlpulse.producer.transport.Transport`.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from producer.config import ProducerConfig
-from producer.encode import Encoder
-from producer.gpustate import NvmlSampler
-from producer.outbox import Outbox, Registration
-from producer.stats import Counters
-from producer.transport import Link, Transport, TransportError
-from schemas import protocol
-from schemas.errors import SchemaError
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.encode import Encoder
+from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.outbox import Outbox, Registration
+from rlpulse.producer.stats import Counters
+from rlpulse.producer.transport import Link, Transport, TransportError
+from rlpulse.schemas import protocol
+from rlpulse.schemas.errors import SchemaError
 
 log = logging.getLogger("rlpulse.producer")
 
@@ -147,7 +147,7 @@ class Sender(threading.Thread):
             self.registration.sent_at = time.monotonic()
 
     def _register(self) -> None:
-        """Send the hello if it is due (see :class:`~producer.outbox.Registration`)."""
+        """Send the hello if it is due (see :class:`~rlpulse.producer.outbox.Registration`)."""
         if self._connected and self.registration.due(time.monotonic()):
             self._say_hello()
 

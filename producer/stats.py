@@ -12,7 +12,7 @@ heartbeats and the goodbye.
 
 from __future__ import annotations
 
-from schemas.protocol import STAT_KEYS
+from rlpulse.schemas.protocol import STAT_KEYS
 
 _COUNTED = tuple(key for key in STAT_KEYS if key != "unacked")  # unacked is a gauge
 

@@ -1,6 +1,6 @@
 """How a producer's bytes reach the collector: a small protocol, over ZeroMQ or in memory.
 
-The sender thread (``producer.sender``) only ever calls :class:`Transport`: non-blocking
+The sender thread (``rlpulse.producer.sender``) only ever calls :class:`Transport`: non-blocking
 ``send``/``receive`` of whole messages, and the connection's ups and downs as events. The
 ZeroMQ transport is what runs in workers; :class:`MemoryTransport` lets tests drive a
 producer with no socket at all, connecting, dropping and answering as they please.

@@ -1,10 +1,10 @@
-"""``python -m collector report`` and ``python -m collector compare``: the run tools' commands.
+"""``python -m rlpulse.collector report`` and ``python -m rlpulse.collector compare``: the run tools' commands.
 
 ::
 
-    python -m collector report RUN.jsonl [--run NAME] [--out report.png]
-    python -m collector report RUN.jsonl --timeline 3:6 [--trace RUN.trace.json] [--out t.png]
-    python -m collector compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
+    python -m rlpulse.collector report RUN.jsonl [--run NAME] [--out report.png]
+    python -m rlpulse.collector report RUN.jsonl --timeline 3:6 [--trace RUN.trace.json] [--out t.png]
+    python -m rlpulse.collector compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
                                 [--key ppo.actor_lr --key ppo.batch_size] [--format markdown|text]
                                 [--score NAME] [--kl NAME] [--out table.md]
 
@@ -26,17 +26,17 @@ from typing import Any, TextIO
 
 import yaml
 
-from collector.sinks.trace import trace_path
-from runtools.compare import (
+from rlpulse.collector.sinks.trace import trace_path
+from rlpulse.runtools.compare import (
     RUN_CONFIG,
     CompareError,
     missing_key_warnings,
     render,
     table,
 )
-from runtools.report import ReportError, draw_report
-from runtools.runs import Run, RunFileError, load_run, load_runs
-from runtools.timeline import draw_timeline, load_trace, parse_steps
+from rlpulse.runtools.report import ReportError, draw_report
+from rlpulse.runtools.runs import Run, RunFileError, load_run, load_runs
+from rlpulse.runtools.timeline import draw_timeline, load_trace, parse_steps
 
 
 def _warn_repeats(run: Run, command: str, stderr: TextIO) -> None:
@@ -141,7 +141,9 @@ def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m collector", description=__doc__.split("\n")[0])
+    top = argparse.ArgumentParser(
+        prog="python -m rlpulse.collector", description=__doc__.split("\n")[0]
+    )
     sub = top.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="a PNG of one run's main curves")
     rep.add_argument("jsonl", help="the run's jsonl output (the jsonl sink's file)")

@@ -7,7 +7,7 @@ KL: ``actor/ref_kl`` (the policy's KL to the reference) when any run logged it, 
 ``actor/kl_loss``. Choices are made once for all runs, so a column means the same thing in
 every row, and its header names the metric. Both can be forced (``score=``, ``kl=``).
 
->>> from runtools.runs import Run
+>>> from rlpulse.runtools.runs import Run
 >>> a = Run("a", steps=(0, 1), series={"critic/score/mean": ((0, 0.25), (1, 0.5))})
 >>> print(render(table([a]), "text"))
 run  steps  final critic/score/mean  best (step) critic/score/mean  max actor/kl_loss  mean system/tps
@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtools.runs import Run
-from schemas import metrics as M
-from schemas.reductions import Stat
+from rlpulse.runtools.runs import Run
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.reductions import Stat
 
 VAL_SCORE = M.VAL_SCORE.output_names()[Stat.MEAN]
 TRAIN_SCORE = M.CRITIC_SCORE.output_names()[Stat.MEAN]

@@ -1,12 +1,12 @@
 """A PNG of one run's main curves: score and reward, KL, entropy, clip fractions, lengths,
 throughput, and GPU and CPU memory by phase and device.
 
-Panels name catalog entries (``schemas.metrics``), never spelled-out strings. A panel whose
+Panels name catalog entries (``rlpulse.schemas.metrics``), never spelled-out strings. A panel whose
 metrics the run never logged says so instead of disappearing, so a report always has the same
 layout. matplotlib is imported only when a report is drawn (the ``report`` extra), and only its
 object API is used (no pyplot, no global backend switch): the Agg canvas renders the PNG.
 
->>> from runtools.runs import Run
+>>> from rlpulse.runtools.runs import Run
 >>> run = Run("r", steps=(0, 1), series={"system/tps": ((1, 9.0),)})
 >>> [p.title for p in plan(run)][:2]
 ['Score and reward', 'KL']
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtools.runs import Run
-from schemas import metrics as M
-from schemas.catalog import Entry
-from schemas.reductions import Stat
+from rlpulse.runtools.runs import Run
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.catalog import Entry
+from rlpulse.schemas.reductions import Stat
 
 
 class ReportError(RuntimeError):

@@ -1,6 +1,6 @@
 """Runs read back from jsonl: one :class:`Run` per run name, each metric a curve over steps.
 
-A jsonl file is what the ``jsonl`` sink writes: one :meth:`schemas.record.StepRecord.to_json`
+A jsonl file is what the ``jsonl`` sink writes: one :meth:`rlpulse.schemas.record.StepRecord.to_json`
 object per line. One file may hold several runs (one collector serves many). A step written
 twice (a collector restarted from its ``state_dir`` replays what a sink may already have
 written) counts once: the later line wins.
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.record import StepRecord
+from rlpulse.schemas.record import StepRecord
 
 
 class RunFileError(ValueError):

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtools.report import ReportError
+from rlpulse.runtools.report import ReportError
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """rlpulse schemas: the metric catalog, mergeable values and the wire protocol."""
 
-from schemas.catalog import Catalog, Entry, Resolved, Template
-from schemas.errors import SchemaError
-from schemas.metrics import CATALOG
-from schemas.reductions import Reduction, Stat
-from schemas.values import Summary
+from rlpulse.schemas.catalog import Catalog, Entry, Resolved, Template
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.reductions import Reduction, Stat
+from rlpulse.schemas.values import Summary
 
 __all__ = [
     "CATALOG",

@@ -13,7 +13,7 @@ names it is *reported* under (``critic/advantages/mean``, ``.../max``, ``.../min
 * anything else: a weighted mean reported under the name itself, unless the producer
   declared another reduction.
 
->>> from schemas.metrics import CATALOG
+>>> from rlpulse.schemas.metrics import CATALOG
 >>> r = CATALOG.resolve("critic/advantages")
 >>> r.reduction.name, sorted(r.outputs.values())
 ('MEAN', ['critic/advantages/max', 'critic/advantages/mean', 'critic/advantages/min'])
@@ -26,7 +26,7 @@ import string
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from schemas.reductions import DEFAULT_STAT, STAT_REDUCTION, Reduction, Stat
+from rlpulse.schemas.reductions import DEFAULT_STAT, STAT_REDUCTION, Reduction, Stat
 
 _SEGMENT = r"[A-Za-z0-9_.\-]+"
 

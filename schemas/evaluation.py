@@ -1,11 +1,11 @@
 """Evaluation on held-out validation prompts: score, accuracy and the diversity of the
-responses (the ideas of verl's evaluation guide). Part of the catalog (``schemas.metrics``).
+responses (the ideas of verl's evaluation guide). Part of the catalog (``rlpulse.schemas.metrics``).
 """
 
 from __future__ import annotations
 
-from schemas.catalog import Entry, family
-from schemas.reductions import Reduction
+from rlpulse.schemas.catalog import Entry, family
+from rlpulse.schemas.reductions import Reduction
 
 FRACTION = Reduction.FRACTION
 

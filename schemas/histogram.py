@@ -39,8 +39,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from schemas.catalog import Entry, Template, family
-from schemas.reductions import Reduction
+from rlpulse.schemas.catalog import Entry, Template, family
+from rlpulse.schemas.reductions import Reduction
 
 BOUNDS: tuple[float, ...] = tuple(float(f"{10 ** (k / 10):.3g}") for k in range(-30, 21))
 """Bucket upper bounds: 10**(k/10) for k = -30..20 (1 ms to 100 s), to 3 significant digits."""

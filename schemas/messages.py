@@ -1,13 +1,13 @@
 """The messages of the wire protocol as the decoder returns them, the producer counters they
-carry, the decoder's limits, and name tables. Encoding and decoding are ``schemas.protocol``'s
-(version 2) and ``schemas.protocol_v1``'s (version 1, still accepted).
+carry, the decoder's limits, and name tables. Encoding and decoding are ``rlpulse.schemas.protocol``'s
+(version 2) and ``rlpulse.schemas.protocol_v1``'s (version 1, still accepted).
 
 Messages are ``msgspec`` structs: version 2 decodes straight into them, with every field's
 type and range checked in C; version 1 is parsed into the same structs. A metrics entry is a
 tuple ``(step, time, table, values, nonfinite)``: ``table`` is a :class:`Table` in version 1
 (names travel with each entry) and a table number in version 2 (names travel once, in the
 producer's hello); ``values`` are the little-endian float64 rows of the states, four per name
-(``schemas.values``); ``nonfinite`` counts NaN/Inf samples left out, by name (rare, so names
+(``rlpulse.schemas.values``); ``nonfinite`` counts NaN/Inf samples left out, by name (rare, so names
 are fine there; a name all of whose samples were non-finite has no state, so it is not in the
 table).
 """
@@ -19,10 +19,10 @@ from typing import Annotated
 
 from msgspec import Meta, Struct
 
-from schemas.errors import SchemaError
-from schemas.reductions import Reduction
-from schemas.spans import Span
-from schemas.values import WIDTH
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.spans import Span
+from rlpulse.schemas.values import WIDTH
 
 STAT_KEYS = (
     "logged",
@@ -40,7 +40,7 @@ STAT_KEYS = (
     "dropped_oversized",
     "dropped_rejected",
 )
-"""Producer counters carried by heartbeats and the goodbye (see ``producer.stats()``)."""
+"""Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``)."""
 COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected")
 """Drops the collector counts itself and reports back in its acknowledgements."""
 DROP_KEYS = (
@@ -82,7 +82,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
-"""The decoder's bounds unless a collector configures its own (``collector.config``)."""
+"""The decoder's bounds unless a collector configures its own (``rlpulse.collector.config``)."""
 
 
 class Table:
@@ -169,7 +169,7 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     collector then waits for roles that have not registered yet."""
     tables: list[TableDecl] = []
     metrics_url: str = ""
-    """A Prometheus ``/metrics`` URL the producer's process serves (``schemas.endpoint``), for
+    """A Prometheus ``/metrics`` URL the producer's process serves (``rlpulse.schemas.endpoint``), for
     the collector's service discovery; "" for none."""
     logs: bool = True
     """False: the producer only registers ``metrics_url`` and logs nothing, so it is no rank
@@ -177,7 +177,7 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     resume: bool = False
     """The producer continues a run that may already have ended on this collector (a job
     restarted from a checkpoint): the collector then continues that run instead of starting
-    a new attempt of it (``collector.membership``)."""
+    a new attempt of it (``rlpulse.collector.membership``)."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
@@ -281,7 +281,7 @@ class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
     entries: list[tuple[U63, Finite, Finite, U63, bytes, dict[str, U63], list[U63], list[str]]]
     watermarks: list[tuple[U63, U63]]
     spans: list[tuple[U63, Span]] = []
-    """``(step, span)``: the phases the relay's ranks ran (``schemas.spans``), kept per rank."""
+    """``(step, span)``: the phases the relay's ranks ran (``rlpulse.schemas.spans``), kept per rank."""
 
 
 Message = Hello | Metrics | Done | Heartbeat | Bye | Ack | RelayHello | Delta

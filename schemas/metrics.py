@@ -22,17 +22,17 @@ ratio and clipfrac over every response token, including samples its filters drop
 
 from __future__ import annotations
 
-from schemas.catalog import Catalog, Entry, Template, family
-from schemas.evaluation import (  # held-out validation, listed here
+from rlpulse.schemas.catalog import Catalog, Entry, Template, family
+from rlpulse.schemas.evaluation import (  # held-out validation, listed here
     VAL_ACCURACY as VAL_ACCURACY,
     VAL_DISTINCT_1 as VAL_DISTINCT_1,
     VAL_DISTINCT_2 as VAL_DISTINCT_2,
     VAL_REPETITION_RATE as VAL_REPETITION_RATE,
     VAL_SCORE as VAL_SCORE,
 )
-from schemas.histogram import Histogram
-from schemas.reductions import Reduction, Stat
-from schemas.serving import (  # the policy server's metrics, listed here
+from rlpulse.schemas.histogram import Histogram
+from rlpulse.schemas.reductions import Reduction, Stat
+from rlpulse.schemas.serving import (  # the policy server's metrics, listed here
     SERVE_BATCH_SIZE as SERVE_BATCH_SIZE,
     SERVE_ERRORS as SERVE_ERRORS,
     SERVE_ERRORS_TOTAL as SERVE_ERRORS_TOTAL,
@@ -48,7 +48,7 @@ from schemas.serving import (  # the policy server's metrics, listed here
     SERVE_TOKENS_GENERATED as SERVE_TOKENS_GENERATED,
     SERVE_TOKENS_GENERATED_TOTAL as SERVE_TOKENS_GENERATED_TOTAL,
 )
-from schemas.system import (  # run-level throughput and stage times, listed here
+from rlpulse.schemas.system import (  # run-level throughput and stage times, listed here
     SYSTEM_SAMPLES as SYSTEM_SAMPLES,
     SYSTEM_STEP_SAMPLES as SYSTEM_STEP_SAMPLES,
     SYSTEM_STEP_TOKENS as SYSTEM_STEP_TOKENS,
@@ -59,7 +59,7 @@ from schemas.system import (  # run-level throughput and stage times, listed her
     TIME_REF_LOG_PROBS_VALUES_REWARD as TIME_REF_LOG_PROBS_VALUES_REWARD,
     TIME_ROLLOUT as TIME_ROLLOUT,
 )
-from schemas.topology import (  # the templates are defined with the topology, listed here
+from rlpulse.schemas.topology import (  # the templates are defined with the topology, listed here
     GPU_DEVICE_MEMORY as GPU_DEVICE_MEMORY,
     GPU_POWER as GPU_POWER,
     GPU_TEMPERATURE as GPU_TEMPERATURE,
@@ -357,7 +357,7 @@ ACTOR_REF_KL = Entry(
 
 ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))
 HISTOGRAMS = tuple(v for v in list(globals().values()) if isinstance(v, Histogram))
-"""Histograms (``schemas.histogram``): their entries are listed above, their bucket
+"""Histograms (``rlpulse.schemas.histogram``): their entries are listed above, their bucket
 templates below, and the collector derives their quantiles."""
 TEMPLATES: tuple[Template, ...] = (
     *(h.buckets for h in HISTOGRAMS),

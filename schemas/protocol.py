@@ -2,11 +2,11 @@
 
 A version-2 message is a msgpack array whose first element is its type tag (21 hello, 22
 metrics, 23 done, 24 heartbeat, 25 bye): ``msgspec`` decodes it straight into the structs of
-``schemas.messages``, checking every field's type and range in C. A producer declares its
+``rlpulse.schemas.messages``, checking every field's type and range in C. A producer declares its
 metric names once, as numbered tables in its hello, and each entry refers to a table by number,
 so a step's message carries numbers, not names. Version 1 (msgpack maps, names in every entry)
 is still accepted: :func:`decode` tells them apart by the first byte (a map is version 1) and
-hands version 1 to ``schemas.protocol_v1``. Acks keep the version-1 form, which producers of
+hands version 1 to ``rlpulse.schemas.protocol_v1``. Acks keep the version-1 form, which producers of
 both versions read. :func:`decode` raises :class:`SchemaError` naming what was wrong; nothing
 it returns needs checking again, but for the rows of values, which the collector checks
 against their table, in bulk. Two refusals are partial: a hello's bad table is left out (the
@@ -29,10 +29,10 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from schemas import protocol_v1
-from schemas.endpoint import MetricsUrl
-from schemas.errors import SchemaError
-from schemas.messages import (
+from rlpulse.schemas import protocol_v1
+from rlpulse.schemas.endpoint import MetricsUrl
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.messages import (
     COLLECTOR_DROP_KEYS as COLLECTOR_DROP_KEYS,
     DEFAULT_LIMITS as DEFAULT_LIMITS,
     DROP_KEYS as DROP_KEYS,
@@ -284,7 +284,7 @@ def decode(
 class Rejected(msgspec.Struct, frozen=True, gc=False):
     """A data message the collector refused, as far as it can still be read: whose it is,
     its number, why it was refused, and how many entries (``log()`` calls) it held. It takes
-    the message's place in the producer's numbering (``collector.delivery``), and the
+    the message's place in the producer's numbering (``rlpulse.collector.delivery``), and the
     acknowledgement tells the producer what it lost, so the messages after it go on.
 
     >>> rejected(encode_done(7, 3, 2**63), SchemaError("bad_step", "too large"))

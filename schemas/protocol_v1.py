@@ -1,6 +1,6 @@
 """Version 1 of the wire protocol: msgpack maps, metric names in every entry. Still accepted
 (a producer of an earlier release keeps working) and parsed into the same messages as version
-2 (``schemas.messages``); the encoders stay for that compatibility and its tests. Acks are
+2 (``rlpulse.schemas.messages``); the encoders stay for that compatibility and its tests. Acks are
 always sent in this form, which producers of both versions read.
 
 >>> msg = decode(encode_hello(7, 0, run="r", role="actor_train", rank=1, world_size=2))
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 import msgpack
 import numpy as np
 
-from schemas.errors import SchemaError
-from schemas.messages import (
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.messages import (
     DEFAULT_LIMITS,
     ROW_BYTES,
     STAT_KEYS,
@@ -33,7 +33,7 @@ from schemas.messages import (
     Metrics,
     Table,
 )
-from schemas.values import WIDTH, invalid_rows
+from rlpulse.schemas.values import WIDTH, invalid_rows
 
 VERSION = 1
 HELLO, METRICS, DONE, HEARTBEAT, BYE, ACK = "hello", "metrics", "done", "heartbeat", "bye", "ack"
@@ -115,7 +115,7 @@ def encode_ack(
     resend: bool = False,
     hold: bool = False,
 ) -> bytes:
-    """An acknowledgement (:class:`~schemas.messages.Ack`); the feedback keys are sent only
+    """An acknowledgement (:class:`~rlpulse.schemas.messages.Ack`); the feedback keys are sent only
     when set, and a producer that predates them ignores them."""
     extra: dict = {}
     if late:
@@ -256,7 +256,7 @@ def _entry(raw: object, limits: Limits) -> tuple:
 
 def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse and validate one version-1 message (a msgpack map); raise :class:`SchemaError`
-    saying what is wrong. The size limit is the caller's (``schemas.protocol.decode``)."""
+    saying what is wrong. The size limit is the caller's (``rlpulse.schemas.protocol.decode``)."""
     try:
         obj = msgpack.unpackb(buf, raw=False, strict_map_key=True, ext_hook=_no_ext, timestamp=0)
     except SchemaError:

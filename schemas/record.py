@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.spans import Span
+from rlpulse.schemas.spans import Span
 
 _JSON = msgspec.json.Encoder()
 
@@ -32,7 +32,7 @@ class StepRecord:
     ``time`` is the step's end on the producers' wall clock (the latest ``log()`` of any rank).
     ``roles`` maps each reported name to the role that logged it (several joined by ``+``);
     derived metrics have none. ``spans`` holds every rank's phases in the step
-    (``schemas.spans``): the outbox keeps them for the timeline sinks, while the JSON line
+    (``rlpulse.schemas.spans``): the outbox keeps them for the timeline sinks, while the JSON line
     (:meth:`to_json`, the ``jsonl`` sink) leaves them out.
     """
 

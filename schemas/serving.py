@@ -1,5 +1,5 @@
-"""Metrics of the policy server (``python -m trainer.serve``), a producer with role ``serve``.
-Part of the catalog (``schemas.metrics``).
+"""Metrics of the policy server (``python -m rlpulse.trainer.serve``), a producer with role ``serve``.
+Part of the catalog (``rlpulse.schemas.metrics``).
 
 The server logs one "step" per reporting interval (a window counter, every second by default):
 what happened in that window, summed over its replicas by the collector. The collector adds
@@ -13,9 +13,9 @@ counted it have one spelling.
 
 from __future__ import annotations
 
-from schemas.catalog import Entry, Template, family
-from schemas.histogram import Histogram
-from schemas.reductions import Reduction
+from rlpulse.schemas.catalog import Entry, Template, family
+from rlpulse.schemas.histogram import Histogram
+from rlpulse.schemas.reductions import Reduction
 
 SUM, MAX = Reduction.SUM, Reduction.MAX
 

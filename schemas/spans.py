@@ -7,8 +7,8 @@ entry's timestamp (the ``log()`` call, microseconds after ``total`` was measured
 ``total`` seconds earlier. Times are the rank's wall clock (``time.time()``): ranks on machines
 whose clocks disagree show the disagreement.
 
-Spans travel with the step they belong to (:class:`~schemas.record.StepRecord` ``spans``,
-a relay's :class:`~schemas.messages.Delta`) and are merged by nothing: every rank's span is
+Spans travel with the step they belong to (:class:`~rlpulse.schemas.record.StepRecord` ``spans``,
+a relay's :class:`~rlpulse.schemas.messages.Delta`) and are merged by nothing: every rank's span is
 kept. :func:`stragglers` reads a step's spans into the ``straggler/...`` metrics.
 
 >>> a = Span("actor_train", 0, "h", "actor_train", "train_step", 10.0, 11.0)
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from schemas.topology import STRAGGLER
+from rlpulse.schemas.topology import STRAGGLER
 
 
 class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):

@@ -1,11 +1,11 @@
 """Metrics of the run as a system: throughput (logged by the training ranks, derived by the
-collector) and the driver's stage times. Part of the catalog (``schemas.metrics``).
+collector) and the driver's stage times. Part of the catalog (``rlpulse.schemas.metrics``).
 """
 
 from __future__ import annotations
 
-from schemas.catalog import Entry
-from schemas.reductions import Reduction
+from rlpulse.schemas.catalog import Entry
+from rlpulse.schemas.reductions import Reduction
 
 SUM, MAX = Reduction.SUM, Reduction.MAX
 

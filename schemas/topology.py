@@ -14,8 +14,8 @@ True
 
 from __future__ import annotations
 
-from schemas.catalog import Template
-from schemas.reductions import Reduction
+from rlpulse.schemas.catalog import Template
+from rlpulse.schemas.reductions import Reduction
 
 MAX, MEAN = Reduction.MAX, Reduction.MEAN
 
@@ -26,7 +26,7 @@ REFERENCE = "reference"
 ROLLOUT = "rollout"
 REWARD = "reward"
 DRIVER = "driver"
-SERVE = "serve"  # the policy server (python -m trainer.serve), an external worker
+SERVE = "serve"  # the policy server (python -m rlpulse.trainer.serve), an external worker
 ROLES = (ACTOR_TRAIN, CRITIC, REFERENCE, ROLLOUT, REWARD, DRIVER, SERVE)
 
 # Phases: what a worker does in a step.

@@ -10,7 +10,7 @@ Every value rlpulse moves is a :class:`Summary` of four numbers, ``(sum, weight,
   that logged a pre-computed mean has no extremes, an empty rank has none at all); merging
   ignores NaN, so a rank that saw nothing never erases another rank's real extreme.
 
-The reduction of the metric (``schemas.reductions``) decides only two things: that ``LAST``
+The reduction of the metric (``rlpulse.schemas.reductions``) decides only two things: that ``LAST``
 replaces ``sum`` instead of adding it, and which statistic is read at the end.
 
 >>> a = Summary.of_samples([1.0, 3.0])
@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from schemas.reductions import Reduction, Stat
+from rlpulse.schemas.reductions import Reduction, Stat
 
 NAN = math.nan
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from collector.config import CollectorConfig
-from collector.launch import start_collector
-from runtools.cli import main as run_tools
-from runtools.compare import RUN_CONFIG
-from schemas import Stat, metrics as M
-from trainer.__main__ import main as trainer_main
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.launch import start_collector
+from rlpulse.runtools.cli import main as run_tools
+from rlpulse.runtools.compare import RUN_CONFIG
+from rlpulse.schemas import Stat, metrics as M
+from rlpulse.trainer.__main__ import main as trainer_main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "trainer" / "configs" / "demo.yaml"
@@ -83,11 +83,11 @@ def main() -> int:
     if trace.exists():
         print(
             f"  every rank's phases (timeline):   {trace} (open in https://ui.perfetto.dev), or\n"
-            f"    .venv/bin/python -m collector report {jsonl} --timeline 10:13"
+            f"    .venv/bin/rlpulse report {jsonl} --timeline 10:13"
         )
     print(f"  configuration it ran with:        {run_dir / RUN_CONFIG}")
     print(
-        f"  compare runs:                     .venv/bin/python -m collector compare {jsonl} "
+        f"  compare runs:                     .venv/bin/rlpulse compare {jsonl} "
         "OTHER/metrics.jsonl --key ppo.actor_lr"
     )
     exported = sorted(
@@ -97,7 +97,7 @@ def main() -> int:
     if exported:
         policy = exported[-1]
         print(
-            f"  serve the policy:                 .venv/bin/python -m trainer.serve --model {policy} "
+            f"  serve the policy:                 .venv/bin/rlpulse serve --model {policy} "
             "--port 8000\n"
             "    then ask it:                     curl -s -X POST 127.0.0.1:8000/generate "
             """-d '{"prompt": "abc>", "max_new_tokens": 6, "temperature": 0}'\n"""

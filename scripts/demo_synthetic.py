@@ -4,7 +4,7 @@ Two ``actor_train`` ranks with very different token counts, a ``critic`` rank an
 per-token tensors, per-rank means with their weights, clip fractions and phase timings, all
 at the same pace (:data:`STEP_S`); the collector prints each step pooled across ranks and
 appends it to ``runs/demo-synthetic.jsonl``.
-The real workload is the trainer (``python -m trainer``).
+The real workload is the trainer (``python -m rlpulse.trainer``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from collector.launch import start_collector
-from producer import Fraction, Masked, Producer, Weighted
-from schemas import metrics as M
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Fraction, Masked, Producer, Weighted
+from rlpulse.schemas import metrics as M
 
 TOPOLOGY = {"actor_train": 2, "critic": 1, "driver": 1}
 """The run's roles and world sizes, declared so the collector waits for late starters."""

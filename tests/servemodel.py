@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import ModelConfig
-from trainer.model import build_policy
-from trainer.tokenizer import build_tokenizer
+from rlpulse.trainer.config import ModelConfig
+from rlpulse.trainer.model import build_policy
+from rlpulse.trainer.tokenizer import build_tokenizer
 
 PROMPTS = ("abc>", "ba>", "dcab>", "e>", "cc>", "abcde>", "12+7=", "bad>")
 """Prompts of different lengths, so a batch of them is left-padded."""

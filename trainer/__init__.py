@@ -1,4 +1,4 @@
 """A PPO/GRPO trainer for causal LMs on Ray that emits the rlpulse metric catalog.
 
-``python -m trainer --config trainer/configs/reverse.yaml``; see trainer/README.md.
+``python -m rlpulse.trainer --config trainer/configs/reverse.yaml``; see trainer/README.md.
 """

@@ -1,4 +1,4 @@
-"""``python -m trainer --config FILE [--steps N] [--run NAME] [--resume] [--collector ADDRESS] [--set k=v]``
+"""``python -m rlpulse.trainer --config FILE [--steps N] [--run NAME] [--resume] [--collector ADDRESS] [--set k=v]``
 
 Without ``--collector`` the trainer starts its own collector (configured by the ``collector``
 section of the config; by default a jsonl file in the run directory). A ``--run`` whose
@@ -13,13 +13,13 @@ import logging
 import os
 import sys
 
-from producer.env import RESUME_VAR
-from trainer.config import ConfigError, load_config
+from rlpulse.producer.env import RESUME_VAR
+from rlpulse.trainer.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog="python -m rlpulse.trainer",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from trainer.run import claim_run, train
+    from rlpulse.trainer.run import claim_run, train
 
     claimed = claim_run(cfg, resume=args.resume)
     cfg = claimed.cfg

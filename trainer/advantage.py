@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer import ppo
-from trainer.batch import RolloutBatch
-from trainer.config import PPOConfig
+from rlpulse.trainer import ppo
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.config import PPOConfig
 
 # ---------------------------------------------------------------------------------------------
 # Rewards

@@ -16,13 +16,13 @@ from typing import Any
 import ray
 import torch
 
-from trainer.config import TrainerConfig
-from trainer.workers.actor_train import ActorTrainWorker
-from trainer.workers.base import WorkerSpec
-from trainer.workers.critic import CriticWorker
-from trainer.workers.reference import ReferenceWorker
-from trainer.workers.reward import RewardWorker
-from trainer.workers.rollout import RolloutWorker
+from rlpulse.trainer.config import TrainerConfig
+from rlpulse.trainer.workers.actor_train import ActorTrainWorker
+from rlpulse.trainer.workers.base import WorkerSpec
+from rlpulse.trainer.workers.critic import CriticWorker
+from rlpulse.trainer.workers.reference import ReferenceWorker
+from rlpulse.trainer.workers.reward import RewardWorker
+from rlpulse.trainer.workers.rollout import RolloutWorker
 
 Handle = Any  # a Ray actor handle
 

@@ -19,8 +19,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from schemas.errors import ConfigError  # one error type for every config file
-from schemas.topology import ACTOR_TRAIN, CRITIC, DRIVER, REFERENCE, REWARD, ROLLOUT
+from rlpulse.schemas.errors import ConfigError  # one error type for every config file
+from rlpulse.schemas.topology import ACTOR_TRAIN, CRITIC, DRIVER, REFERENCE, REWARD, ROLLOUT
 
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -59,7 +59,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """The synthetic task (see :mod:`trainer.task`): ``reverse`` a word of ``min_len`` to
+    """The synthetic task (see :mod:`rlpulse.trainer.task`): ``reverse`` a word of ``min_len`` to
     ``max_len`` letters drawn from the first ``letters`` letters, or ``addition`` of two
     integers in ``[0, max_operand]``."""
 
@@ -285,7 +285,7 @@ class ClusterConfig:
     torch_threads: int = 1
     collectors: Literal["one", "per_node"] = "one"
     """``one``: the trainer starts one collector beside the driver. ``per_node``: a relay on
-    every Ray node and a root collector (``collector.onray``); workers find their node's
+    every Ray node and a root collector (``rlpulse.collector.onray``); workers find their node's
     relay by themselves. Either way the ``collector`` section configures the one that writes."""
 
     def __post_init__(self) -> None:
@@ -348,7 +348,7 @@ class TrainerConfig:
 
     def producer(self, address: str | None, role: str, rank: int = 0, world_size: int = 1) -> Any:
         """This run's Producer for one worker, or a NullProducer with metrics off."""
-        from producer import NullProducer, Producer
+        from rlpulse.producer import NullProducer, Producer
 
         return (Producer if self.metrics else NullProducer)(
             address,

@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 
 import ray
 
-from producer import Producer
-from schemas import metrics as m
-from trainer import emit
-from trainer.advantage import compute_advantages, sample_weights, validity
-from trainer.batch import concat_rows, shard_indices
-from trainer.cluster import Workers
-from trainer.config import TrainerConfig
-from trainer.diversity import distinct_n, repetition
-from trainer.ppo import AdaptiveKLController
-from trainer.progress import Progress
-from trainer.task import Task, is_correct, score
+from rlpulse.producer import Producer
+from rlpulse.schemas import metrics as m
+from rlpulse.trainer import emit
+from rlpulse.trainer.advantage import compute_advantages, sample_weights, validity
+from rlpulse.trainer.batch import concat_rows, shard_indices
+from rlpulse.trainer.cluster import Workers
+from rlpulse.trainer.config import TrainerConfig
+from rlpulse.trainer.diversity import distinct_n, repetition
+from rlpulse.trainer.ppo import AdaptiveKLController
+from rlpulse.trainer.progress import Progress
+from rlpulse.trainer.task import Task, is_correct, score
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Stats objects -> ``{catalog name: producer value}``: the one place the trainer names metrics.
 
-Loss statistics (:class:`trainer.ppo.Aggregate`) travel as :class:`~producer.Weighted`: a
+Loss statistics (:class:`rlpulse.trainer.ppo.Aggregate`) travel as :class:`~rlpulse.producer.Weighted`: a
 rank's own value with its share of the mini-batch's denominator, which pools to the global
 value per optimizer step and to the mean over optimizer steps. Per-token samples travel as
-:class:`~producer.Masked` (mean, max and min pool exactly), counts of items as
-:class:`~producer.Fraction`. Names come from :mod:`schemas.metrics`, never from string
+:class:`~rlpulse.producer.Masked` (mean, max and min pool exactly), counts of items as
+:class:`~rlpulse.producer.Fraction`. Names come from :mod:`rlpulse.schemas.metrics`, never from string
 literals.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from producer import Fraction, Masked, Weighted
-from schemas import Stat, metrics as m
-from trainer import ppo
-from trainer.advantage import AdvantageResult
-from trainer.batch import RolloutBatch
+from rlpulse.producer import Fraction, Masked, Weighted
+from rlpulse.schemas import Stat, metrics as m
+from rlpulse.trainer import ppo
+from rlpulse.trainer.advantage import AdvantageResult
+from rlpulse.trainer.batch import RolloutBatch
 
 Metrics = dict[str, Any]
 
@@ -158,5 +158,5 @@ def _mean(total: float, count: int) -> float:
 
 def _weighted(a: ppo.Aggregate) -> Weighted:
     """A rank's term of a global aggregate as the producer value that pools it exactly: its
-    own value weighted by its share (see :mod:`trainer.ppo`)."""
+    own value weighted by its share (see :mod:`rlpulse.trainer.ppo`)."""
     return Weighted(a.value, a.share)

@@ -1,13 +1,13 @@
 """The models: a tiny Llama policy built from a config, and a critic with a value head.
 
 Nothing is downloaded: weights are randomly initialised from a seed (then warm-started by SFT,
-see :mod:`trainer.sft`). The forward helpers score the response columns of a
-:class:`~trainer.batch.RolloutBatch`: the logits at position ``p`` predict token ``p + 1``, so
+see :mod:`rlpulse.trainer.sft`). The forward helpers score the response columns of a
+:class:`~rlpulse.trainer.batch.RolloutBatch`: the logits at position ``p`` predict token ``p + 1``, so
 response token ``j`` (column ``P + j``) is scored by position ``P + j - 1``; the critic's value
 for that token is read at the same position (the state before the token was chosen).
 
->>> from trainer.config import ModelConfig
->>> from trainer.tokenizer import build_tokenizer
+>>> from rlpulse.trainer.config import ModelConfig
+>>> from rlpulse.trainer.tokenizer import build_tokenizer
 >>> policy = build_policy(ModelConfig(hidden_size=16, intermediate_size=32, num_heads=2), build_tokenizer(), seed=0)
 >>> type(ValueModel.from_policy(policy).head).__name__
 'Linear'
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel, PreTrainedTokenizerBase
 
-from trainer.config import ModelConfig
+from rlpulse.trainer.config import ModelConfig
 
 
 def llama_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:

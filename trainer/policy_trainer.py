@@ -1,7 +1,7 @@
 """The policy's side of PPO on one data-parallel rank: log-probs and the clipped-surrogate update.
 
 No Ray and no producer here: :class:`PolicyTrainer` returns stats objects, and the worker
-(:mod:`trainer.workers.actor_train`) logs them. That keeps the data-parallel maths testable in
+(:mod:`rlpulse.trainer.workers.actor_train`) logs them. That keeps the data-parallel maths testable in
 plain processes (see ``tests/trainer/test_ranks.py``).
 
 >>> # trainer = PolicyTrainer(policy, ppo_cfg, LocalComm())
@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from trainer import ppo
-from trainer.batch import RolloutBatch
-from trainer.comm import Comm, all_reduce_gradients
-from trainer.config import PPOConfig
-from trainer.model import entropy_from_logits, response_logits, token_log_probs
+from rlpulse.trainer import ppo
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.comm import Comm, all_reduce_gradients
+from rlpulse.trainer.config import PPOConfig
+from rlpulse.trainer.model import entropy_from_logits, response_logits, token_log_probs
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class PolicyTrainer:
     def train(self, shard: RolloutBatch, kl_coef: float) -> PolicyTrainResult:
         """PPO epochs over this rank's shard, split into ``cfg.mini_batches`` mini-batches.
 
-        Shard part i is this rank's slice of global mini-batch i (``trainer.batch.shard``), so
+        Shard part i is this rank's slice of global mini-batch i (``rlpulse.trainer.batch.shard``), so
         every optimizer step sees the same global mini-batch whatever the number of ranks.
         """
         cfg = self.cfg

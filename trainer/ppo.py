@@ -1,7 +1,7 @@
 """PPO losses, KL estimators and loss aggregation as pure functions. No models, no I/O.
 
 Shapes: ``(B, T)`` per response token with a 0/1 ``mask``; ``(B,)`` per sample. The reward and
-advantage maths lives in :mod:`trainer.advantage`.
+advantage maths lives in :mod:`rlpulse.trainer.advantage`.
 
 **Aggregation.** A loss over a mini-batch is one of the four ``loss_agg_mode`` reductions that
 verl (``core_algos.agg_loss``) and ROLL (``functionals.agg_loss``) offer, taken over the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.config import LossAggMode
+from rlpulse.trainer.config import LossAggMode
 
 KL_CLAMP = 10.0
 """The k3 estimate is clamped to [-10, 10] per token, as both verl and ROLL do."""

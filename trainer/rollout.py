@@ -1,7 +1,7 @@
 """Generation with transformers on CPU (or GPU), and turning sequences into a batch.
 
-The vLLM engine (:mod:`trainer.rollout_vllm`) returns token ids too and shares
-:func:`assemble_batch`, so both backends produce the same :class:`~trainer.batch.RolloutBatch`.
+The vLLM engine (:mod:`rlpulse.trainer.rollout_vllm`) returns token ids too and shares
+:func:`assemble_batch`, so both backends produce the same :class:`~rlpulse.trainer.batch.RolloutBatch`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer.batch import RolloutBatch
+from rlpulse.trainer.batch import RolloutBatch
 
 
 @dataclass(frozen=True)

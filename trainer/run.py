@@ -12,15 +12,15 @@ from typing import Any
 import torch
 import yaml
 
-from runtools.compare import RUN_CONFIG
-from schemas.protocol import DROP_KEYS, STAT_KEYS
-from schemas.topology import DRIVER
-from trainer.config import TrainerConfig, to_dict
-from trainer.driver import Driver, RunResult
-from trainer.model import build_policy
-from trainer.sft import warm_start
-from trainer.task import Task, build_task
-from trainer.tokenizer import build_tokenizer
+from rlpulse.runtools.compare import RUN_CONFIG
+from rlpulse.schemas.protocol import DROP_KEYS, STAT_KEYS
+from rlpulse.schemas.topology import DRIVER
+from rlpulse.trainer.config import TrainerConfig, to_dict
+from rlpulse.trainer.driver import Driver, RunResult
+from rlpulse.trainer.model import build_policy
+from rlpulse.trainer.sft import warm_start
+from rlpulse.trainer.task import Task, build_task
+from rlpulse.trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger("rlpulse.trainer")
 FREE_PORT = "tcp://127.0.0.1:*"
@@ -76,7 +76,7 @@ def claim_run(cfg: TrainerConfig, *, resume: bool = False) -> Claimed:
 
 def save_config(cfg: TrainerConfig) -> Path:
     """Write the resolved configuration (the file with every ``--set`` applied) to the run
-    directory as YAML, beside the default ``metrics.jsonl``, where ``python -m collector
+    directory as YAML, beside the default ``metrics.jsonl``, where ``python -m rlpulse.collector
     compare`` reads it; ``load_config`` reads it back to the same configuration."""
     path = cfg.run_dir / RUN_CONFIG
     path.write_text(yaml.safe_dump(_plain(to_dict(cfg)), sort_keys=False))
@@ -124,8 +124,8 @@ def producer_problems(stats: list[dict[str, int]]) -> dict[str, int]:
 
 def start_per_node(cfg: TrainerConfig) -> Any:
     """A relay on every Ray node and the root, configured by the run's ``collector`` section."""
-    from collector.config import CollectorConfig
-    from collector.onray import RayCollectors, RayCollectorsConfig
+    from rlpulse.collector.config import CollectorConfig
+    from rlpulse.collector.onray import RayCollectors, RayCollectorsConfig
 
     root = CollectorConfig.from_mapping(cfg.collector).placed_under(cfg.run_dir).to_mapping()
     tiers = RayCollectors.start(
@@ -139,7 +139,7 @@ def train(cfg: TrainerConfig) -> RunResult:
     """Run ``cfg``; start a collector when ``cfg.collector_address`` is None."""
     import ray  # heavy: imported when a run starts, not when the module is
 
-    from trainer.cluster import close_workers, create_workers, init_ray
+    from rlpulse.trainer.cluster import close_workers, create_workers, init_ray
 
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     log.info("configuration saved to %s", save_config(cfg))
@@ -149,8 +149,8 @@ def train(cfg: TrainerConfig) -> RunResult:
     address = cfg.collector_address
     per_node = address is None and cfg.metrics and cfg.cluster.collectors == "per_node"
     if address is None and cfg.metrics and not per_node:
-        from collector.config import CollectorConfig
-        from collector.launch import start_collector
+        from rlpulse.collector.config import CollectorConfig
+        from rlpulse.collector.launch import start_collector
 
         ccfg = CollectorConfig.from_mapping(cfg.collector).placed_under(cfg.run_dir)
         # Unless the run's collector section names an address, any free loopback port.

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from trainer.config import SFTConfig
-from trainer.model import position_ids
-from trainer.task import Task
+from rlpulse.trainer.config import SFTConfig
+from rlpulse.trainer.model import position_ids
+from rlpulse.trainer.task import Task
 
 
 def encode_examples(

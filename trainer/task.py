@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from trainer.config import TaskConfig
+from rlpulse.trainer.config import TaskConfig
 
 
 @dataclass(frozen=True)

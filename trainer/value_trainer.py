@@ -1,6 +1,6 @@
 """The critic's side of PPO on one rank: values for a batch and the (clipped) value update.
 
-Like :mod:`trainer.policy_trainer` it returns stats objects and leaves logging to the worker.
+Like :mod:`rlpulse.trainer.policy_trainer` it returns stats objects and leaves logging to the worker.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer import ppo
-from trainer.batch import RolloutBatch
-from trainer.comm import Comm, all_reduce_gradients
-from trainer.config import PPOConfig
-from trainer.model import ValueModel, response_values
+from rlpulse.trainer import ppo
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.comm import Comm, all_reduce_gradients
+from rlpulse.trainer.config import PPOConfig
+from rlpulse.trainer.model import ValueModel, response_values
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ValueTrainer:
     def train(self, shard: RolloutBatch) -> ValueTrainResult:
         """Regress values on the returns for ``cfg.epochs`` over ``cfg.mini_batches``; the
         loss is per-sequence token means averaged over the global mini-batch's sequences
-        (:data:`trainer.ppo.VALUE_MODE`)."""
+        (:data:`rlpulse.trainer.ppo.VALUE_MODE`)."""
         cfg = self.cfg
         assert shard.values is not None and shard.returns is not None
         self.model.train()

@@ -8,19 +8,19 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from collector.env import sink_defaults
-from collector.sinks.base import Sink, SinkContext
-from schemas.errors import ConfigError
+from rlpulse.collector.env import sink_defaults
+from rlpulse.collector.sinks.base import Sink, SinkContext
+from rlpulse.schemas.errors import ConfigError
 
 SINKS: dict[str, str] = {
-    "stdout": "collector.sinks.stdout:StdoutSink",
-    "jsonl": "collector.sinks.jsonl:JsonlSink",
-    "tensorboard": "collector.sinks.tensorboard:TensorBoardSink",
-    "wandb": "collector.sinks.wandb:WandbSink",
-    "swanlab": "collector.sinks.swanlab:SwanLabSink",
-    "prometheus": "collector.sinks.prometheus:PrometheusSink",
-    "trace": "collector.sinks.trace:TraceSink",
-    "otlp": "collector.sinks.otlp:OtlpSink",
+    "stdout": "rlpulse.collector.sinks.stdout:StdoutSink",
+    "jsonl": "rlpulse.collector.sinks.jsonl:JsonlSink",
+    "tensorboard": "rlpulse.collector.sinks.tensorboard:TensorBoardSink",
+    "wandb": "rlpulse.collector.sinks.wandb:WandbSink",
+    "swanlab": "rlpulse.collector.sinks.swanlab:SwanLabSink",
+    "prometheus": "rlpulse.collector.sinks.prometheus:PrometheusSink",
+    "trace": "rlpulse.collector.sinks.trace:TraceSink",
+    "otlp": "rlpulse.collector.sinks.otlp:OtlpSink",
 }
 
 

@@ -4,7 +4,7 @@ A sink is one class in one file under ``collector/sinks/``. The collector builds
 ``from_kwargs(kwargs, ctx)`` at start-up (where bad kwargs raise :class:`ConfigError` naming the
 field, and a missing optional library raises one with the install hint), calls ``open()`` once,
 ``write(record)`` for every emitted step in order, and ``close()`` once. Each sink runs on its
-own worker thread (``collector.fanout``), so a slow sink delays nobody else; a sink may block
+own worker thread (``rlpulse.collector.fanout``), so a slow sink delays nobody else; a sink may block
 and may raise, and the fan-out retries and counts its failures.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from collector.discovery import ScrapeTarget
-from schemas.catalog import Catalog
-from schemas.errors import ConfigError
-from schemas.metrics import CATALOG
-from schemas.record import StepRecord
+from rlpulse.collector.discovery import ScrapeTarget
+from rlpulse.schemas.catalog import Catalog
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.record import StepRecord
 
 
 def _no_health() -> Mapping[str, float]:
@@ -44,9 +44,9 @@ class SinkContext:
     """What a sink may use besides its kwargs.
 
     ``health`` returns a snapshot of the collector's own counters; ``scrape_targets`` the
-    registered metrics endpoints (``collector.discovery``), from any thread; ``defaults`` are
+    registered metrics endpoints (``rlpulse.collector.discovery``), from any thread; ``defaults`` are
     settings taken from outside the YAML, by the sink's own kwarg names (the environment
-    variables a sink class lists in ``ENV``, read by ``collector.env``, never by the sink).
+    variables a sink class lists in ``ENV``, read by ``rlpulse.collector.env``, never by the sink).
     """
 
     catalog: Catalog = CATALOG

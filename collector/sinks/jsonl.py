@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 log = logging.getLogger("rlpulse.collector.jsonl")
 TAIL_BYTES = 4 * 1024 * 1024

@@ -2,7 +2,7 @@
 OpenTelemetry Collector).
 
 Each emitted step is one trace: a root span ``{run} step {n}`` from the step's first phase
-start to its last phase end, and a child span per rank and phase (``schemas.spans``) named
+start to its last phase end, and a child span per rank and phase (``rlpulse.schemas.spans``) named
 ``{cluster}/{phase}``, with attributes ``rlpulse.run``, ``rlpulse.step``, ``rlpulse.role``,
 ``rlpulse.rank``, ``host.name`` and, when measured, ``rlpulse.execute_s`` and ``rlpulse.gpu_s``.
 Spans are built with the OpenTelemetry SDK and sent with its own OTLP/HTTP protobuf exporter,
@@ -21,9 +21,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 DEFAULT_TIMEOUT_S = 10.0

@@ -1,16 +1,16 @@
 """Prometheus sink: serves ``/metrics`` with the latest aggregated value of every metric.
 
 ``write()`` only stores the step's values; a custom ``prometheus_client`` collector renders
-fresh metric families from them on each scrape (names from :func:`collector.promnames.prom_metric`,
+fresh metric families from them on each scrape (names from :func:`rlpulse.collector.promnames.prom_metric`,
 labels ``run`` and ``role``), together with the collector's own health counters. A metric that
 a step does not report keeps its last value, as a gauge should. Counters exist before their
-first increment: every rejection reason (``schemas.errors.REJECT_REASONS``) from start-up,
+first increment: every rejection reason (``rlpulse.schemas.errors.REJECT_REASONS``) from start-up,
 and each run's cumulative catalog metrics (``system/tokens``, ``system/samples``) from its
 first step, at 0.
 
-Per-rank series are not exported: a :class:`~schemas.record.StepRecord` carries only values
+Per-rank series are not exported: a :class:`~rlpulse.schemas.record.StepRecord` carries only values
 pooled across ranks. The same server answers ``GET /sd``: the ``/metrics`` endpoints producers
-registered, for Prometheus' HTTP service discovery (``collector.discovery``).
+registered, for Prometheus' HTTP service discovery (``rlpulse.collector.discovery``).
 
 >>> from prometheus_client import generate_latest
 >>> sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext())
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collector.discovery import with_discovery
-from collector.health import MALFORMED, PRODUCER_DROPPED, SINK_METRICS, Health
-from collector.promnames import PromMetric, prom_metric
-from collector.sinks.base import Sink, SinkContext, reject_unknown
-from schemas.errors import REJECT_REASONS, ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.discovery import with_discovery
+from rlpulse.collector.health import MALFORMED, PRODUCER_DROPPED, SINK_METRICS, Health
+from rlpulse.collector.promnames import PromMetric, prom_metric
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
+from rlpulse.schemas.errors import REJECT_REASONS, ConfigError
+from rlpulse.schemas.record import StepRecord
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -49,7 +49,7 @@ try:
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
 
-    from collector.sinks.promexport import ProcessSnapshot, make_family, number
+    from rlpulse.collector.sinks.promexport import ProcessSnapshot, make_family, number
 except ImportError:  # pragma: no cover - exercised only without the optional dependency
     CollectorRegistry = None  # type: ignore[assignment,misc]
 

@@ -16,9 +16,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 
 def _number(value: float) -> str:

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 FIELD = "tracker_kwargs.tensorboard"
 _KEYS = ("log_dir",)

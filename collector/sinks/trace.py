@@ -3,7 +3,7 @@
 ``{dir}/{run}.trace.json`` (the run name with characters other than letters, digits, ``.``,
 ``_`` and ``-`` replaced by ``_``) holds the JSON array form of the Trace Event Format, which
 https://ui.perfetto.dev and chrome://tracing open: a process per role, a thread per rank
-("rank 3 @ host"), a complete event (``"ph": "X"``) per span (``schemas.spans``) named after
+("rank 3 @ host"), a complete event (``"ph": "X"``) per span (``rlpulse.schemas.spans``) named after
 the phase, with the step, the execute and GPU seconds in its ``args``, and on a first
 "steps" row one event per step from its first phase's start to its last phase's end.
 Timestamps are the ranks' wall clocks in microseconds.
@@ -25,9 +25,9 @@ from typing import Any, BinaryIO, ClassVar
 
 import msgspec
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 TAIL_BYTES = 4 * 1024 * 1024
 STEPS_PID = 0

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from collector.sinks.base import Sink, SinkContext, reject_unknown
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 FIELD = "tracker_kwargs.wandb"
 _STRINGS = ("project", "entity", "name", "notes", "group", "job_type")

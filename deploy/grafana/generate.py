@@ -1,6 +1,6 @@
 """Write the Grafana dashboards in ``dashboards/`` from the metric catalog.
 
-Every query names its metric through :func:`collector.promnames.prom_metric` and a catalog
+Every query names its metric through :func:`rlpulse.collector.promnames.prom_metric` and a catalog
 constant, so a renamed metric changes the dashboards the next time this runs; the committed
 JSON must equal what this writes (tests/deploy/test_grafana.py), and every query is checked
 against a live collector's ``/metrics`` (tests/deploy/test_exported_names.py).
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collector.promnames import PREFIX, prom_metric
-from schemas import metrics as M
-from schemas.catalog import Entry, Template
-from schemas.reductions import Stat
-from schemas.topology import GENERATE, PHASES, SERVE
+from rlpulse.collector.promnames import PREFIX, prom_metric
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.catalog import Entry, Template
+from rlpulse.schemas.reductions import Stat
+from rlpulse.schemas.topology import GENERATE, PHASES, SERVE
 
 HERE = Path(__file__).parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -403,7 +403,7 @@ def throughput() -> dict[str, Any]:
             "none",
             description="straggler/{cluster}/{phase}/slowest_rank. The same rank step after step "
             "(a flat line) with a large lag fires RLPulsePersistentStraggler. The run's trace "
-            "(trace tracker; python -m collector report --timeline) shows the ranks side by side.",
+            "(trace tracker; rlpulse report --timeline) shows the ranks side by side.",
         ),
     ]
     return dashboard(
@@ -589,7 +589,7 @@ def pipeline() -> dict[str, Any]:
 
 
 def serving() -> dict[str, Any]:
-    """The policy server (``python -m trainer.serve``, role serve): traffic, errors, latency."""
+    """The policy server (``python -m rlpulse.trainer.serve``, role serve): traffic, errors, latency."""
     r = "{{run}}"
     rate = "[$__rate_interval]"
     kinds = "|".join(

@@ -4,7 +4,7 @@ A tiny Llama built from a config, a character tokenizer and prompts made here, a
 for long answers: it runs on a CPU with nothing downloaded. Swap in your model, dataset and
 reward functions; the rlpulse parts are the callback and ``ExactGRPOTrainer.compute_loss``.
 
-    python -m collector --config examples/trl/collector.yaml &
+    python -m rlpulse.collector --config examples/trl/collector.yaml &
     RLPULSE_ADDRESS=tcp://127.0.0.1:5555 python examples/trl/grpo.py --run-name grpo-tiny
     RLPULSE_ADDRESS=tcp://127.0.0.1:5555 torchrun --nproc_per_node 2 examples/trl/grpo.py \\
         --run-name grpo-tiny-2
@@ -24,10 +24,10 @@ from datasets import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from trl import GRPOConfig, GRPOTrainer
 
-from producer import Masked
-from producer.integrations.trl import RlpulseCallback
-from schemas import metrics as M
-from trainer.tokenizer import build_tokenizer
+from rlpulse.producer import Masked
+from rlpulse.producer.integrations.trl import RlpulseCallback
+from rlpulse.schemas import metrics as M
+from rlpulse.trainer.tokenizer import build_tokenizer
 
 PROMPTS = ("abc", "hello", "12+7=", "xyz", "reverse me", "ok", "4*4=", "rl")
 

@@ -2,14 +2,14 @@
 
 Importing this package imports neither framework; each module imports its own only when used:
 
-* :mod:`producer.integrations.verl`: ``register()`` adds an ``rlpulse`` backend to verl's
-  ``Tracking`` (``trainer.logger=['console','rlpulse']``); ``worker_producer()`` for metrics
+* :mod:`rlpulse.producer.integrations.verl`: ``register()`` adds an ``rlpulse`` backend to verl's
+  ``Tracking`` (``rlpulse.trainer.logger=['console','rlpulse']``); ``worker_producer()`` for metrics
   logged exactly from inside verl's workers.
-* :mod:`producer.integrations.trl`: ``RlpulseCallback``, a ``TrainerCallback`` for TRL's
+* :mod:`rlpulse.producer.integrations.trl`: ``RlpulseCallback``, a ``TrainerCallback`` for TRL's
   trainers (``GRPOTrainer`` and the rest of the ``transformers.Trainer`` family).
-* :mod:`producer.integrations.driver`: what both share, the *driver value* policy: numbers a
+* :mod:`rlpulse.producer.integrations.driver`: what both share, the *driver value* policy: numbers a
   framework already reduced across ranks before logging them are sent once, by one process,
   and never merged again.
 
->>> import producer.integrations  # no verl, no TRL needed
+>>> import rlpulse.producer.integrations  # no verl, no TRL needed
 """

@@ -39,9 +39,9 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
-from schemas.catalog import Catalog
-from schemas.errors import ConfigError
-from schemas.metrics import CATALOG
+from rlpulse.schemas.catalog import Catalog
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.metrics import CATALOG
 
 log = logging.getLogger("rlpulse.integrations")
 RUN_CONFIG = "config.yaml"

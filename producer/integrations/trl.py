@@ -5,7 +5,7 @@ producer of its own: role ``trl`` (by default), rank ``args.process_index`` of
 ``args.world_size``. What the trainer logs (``on_log``: loss, grad_norm, learning_rate, and
 for ``GRPOTrainer`` reward, kl, entropy, clip ratios, completion lengths...) is already
 gathered and averaged over the processes by TRL, the same number on every one of them, so it
-is sent once, by the main process, as the *driver's value* (:mod:`producer.integrations.driver`)
+is sent once, by the main process, as the *driver's value* (:mod:`rlpulse.producer.integrations.driver`)
 and never merged again. The exceptions are each process's own timings (``step_time``,
 ``train_runtime``, ``train_*_per_second``): the main process's are sent, as TRL's
 ``log_history`` and its trackers (which log from the main process only) show them.
@@ -15,7 +15,7 @@ training step itself, e.g. ``Masked(advantages, completion_mask)`` in ``compute_
 collector pools them over every process's tokens. A step ``k`` is finished on every process
 when step ``k + 1`` begins (``on_step_begin``), and the producers close at ``on_train_end``.
 
->>> # from producer.integrations.trl import RlpulseCallback
+>>> # from rlpulse.producer.integrations.trl import RlpulseCallback
 >>> # trainer = GRPOTrainer(..., callbacks=[RlpulseCallback(run="grpo-1")]); trainer.train()
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from producer.client import Producer
-from producer.config import DEFAULT, ProducerConfig
-from producer.integrations.driver import DriverStream, save_run_config
+from rlpulse.producer.client import Producer
+from rlpulse.producer.config import DEFAULT, ProducerConfig
+from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 
 log = logging.getLogger("rlpulse.integrations.trl")
 

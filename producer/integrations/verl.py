@@ -1,6 +1,6 @@
 """verl: an ``rlpulse`` backend for verl's ``Tracking``, and producers for verl's workers.
 
-verl picks its trackers with ``trainer.logger=[...]`` and builds them in
+verl picks its trackers with ``rlpulse.trainer.logger=[...]`` and builds them in
 ``verl.utils.tracking.Tracking``, a fixed if-chain with no registry or entry point. So
 :func:`register` extends that class in place, in the process that builds it: ``"rlpulse"``
 joins ``Tracking.supported_backend``, ``Tracking.__init__`` adds an :class:`RlpulseBackend`
@@ -9,12 +9,12 @@ it after verl's own backends. Call it once per process, before ``Tracking`` is b
 (verl's PPO driver runs in a ``TaskRunner`` actor) let Ray call it in every worker process:
 
     python -m verl.trainer.main_ppo ... trainer.logger='[console,rlpulse]' \\
-        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=producer.integrations.verl.register
+        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=rlpulse.producer.integrations.verl.register
 
 Every metric verl's driver logs then reaches the collector as the *driver's value*
-(:mod:`producer.integrations.driver`): one producer (role ``driver``, rank 0 of 1), one sample
-per name and step, never merged again. Settings come from the optional ``trainer.rlpulse``
-section of verl's config (:class:`VerlSettings`); the run is ``trainer.experiment_name``.
+(:mod:`rlpulse.producer.integrations.driver`): one producer (role ``driver``, rank 0 of 1), one sample
+per name and step, never merged again. Settings come from the optional ``rlpulse.trainer.rlpulse``
+section of verl's config (:class:`VerlSettings`); the run is ``rlpulse.trainer.experiment_name``.
 
 verl builds ``Tracking`` in ``fit()``, after its workers: so that the collector waits for the
 driver instead of emitting the workers' steps without it, :func:`register` also declares it
@@ -22,10 +22,10 @@ for every producer :func:`worker_producer` makes in the job (``RLPULSE_EXPECTED_
 
 Metrics that verl reduces approximately (a mean over data-parallel ranks of each rank's
 micro-batch means) become exact when each worker logs its own part: :func:`worker_producer`
-gives a verl worker its producer, and ``trainer.rlpulse.worker_side`` names those metrics so
+gives a verl worker its producer, and ``rlpulse.trainer.rlpulse.worker_side`` names those metrics so
 the driver leaves its approximation out.
 
->>> from producer.integrations import verl as rlpulse_verl
+>>> from rlpulse.producer.integrations import verl as rlpulse_verl
 >>> # rlpulse_verl.register(); Tracking("proj", "run-1", ["console", "rlpulse"], config=cfg)
 """
 
@@ -38,20 +38,20 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from producer.client import Producer
-from producer.config import ProducerConfig
-from producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
-from producer.integrations.driver import DriverStream, save_run_config
-from schemas.errors import ConfigError
+from rlpulse.producer.client import Producer
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
+from rlpulse.producer.integrations.driver import DriverStream, save_run_config
+from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.integrations.verl")
 
 BACKEND = "rlpulse"
-"""The name to put in ``trainer.logger``."""
-SECTION = "trainer.rlpulse"
+"""The name to put in ``rlpulse.trainer.logger``."""
+SECTION = "rlpulse.trainer.rlpulse"
 """Where verl's config holds this backend's settings."""
 RUN_VAR = "RLPULSE_RUN"
-"""The run name a worker's producer logs under (set it to ``trainer.experiment_name``)."""
+"""The run name a worker's producer logs under (set it to ``rlpulse.trainer.experiment_name``)."""
 DRIVER_DECLARED = "driver=1"
 """What :func:`register` puts in ``RLPULSE_EXPECTED_ROLES`` when it is unset: the run has a
 ``driver`` (the ``Tracking`` backend's default role) of world size 1."""
@@ -60,10 +60,10 @@ _MARK = "_rlpulse_originals"
 
 @dataclass(frozen=True)
 class VerlSettings:
-    """The ``trainer.rlpulse`` section of verl's config; every key is optional.
+    """The ``rlpulse.trainer.rlpulse`` section of verl's config; every key is optional.
 
     * ``address``: the collector (default: ``RLPULSE_ADDRESS``, then ``tcp://127.0.0.1:5555``).
-    * ``run``: the run name (default: ``trainer.experiment_name``).
+    * ``run``: the run name (default: ``rlpulse.trainer.experiment_name``).
     * ``role``: the driver's role (default ``driver``).
     * ``expected_roles``: role -> world size of the roles whose workers log too
       (``{actor_train: 8}``); the collector then waits for them at every step.
@@ -73,7 +73,7 @@ class VerlSettings:
     * ``config_dir``: where verl's resolved config is saved as ``config.yaml``, with ``{run}``
       filled in (default ``runs/{run}``, relative to the driver's working directory; null: not
       saved).
-    * ``producer``: :class:`~producer.config.ProducerConfig` fields (``{close_timeout_s: 5}``).
+    * ``producer``: :class:`~rlpulse.producer.config.ProducerConfig` fields (``{close_timeout_s: 5}``).
 
     >>> VerlSettings.from_config({"trainer": {"rlpulse": {"role": "ppo_driver"}}}, "exp").run
     'exp'
@@ -89,7 +89,7 @@ class VerlSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None, experiment_name: str) -> VerlSettings:
-        """Read and check ``trainer.rlpulse``; ConfigError naming the field if it is wrong."""
+        """Read and check ``rlpulse.trainer.rlpulse``; ConfigError naming the field if it is wrong."""
         trainer = (config or {}).get("trainer") or {}
         section = trainer.get("rlpulse") if isinstance(trainer, Mapping) else None
         section = {} if section is None else section
@@ -190,7 +190,7 @@ class RlpulseBackend:
 
     def finish(self) -> None:
         """Send what is queued, wait for the collector's acknowledgement (at most
-        ``producer.close_timeout_s``) and close. A step is emitted when the next one starts or
+        ``rlpulse.producer.close_timeout_s``) and close. A step is emitted when the next one starts or
         here, when the driver says it is done."""
         self.producer.close()
         stats = self.producer.stats()
@@ -207,11 +207,11 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
     """Make ``"rlpulse"`` a backend of verl's ``Tracking`` in this process (idempotent).
 
     Also usable as Ray's ``worker_process_setup_hook``
-    (``producer.integrations.verl.register``), so verl's ``TaskRunner`` actor has it. It
+    (``rlpulse.producer.integrations.verl.register``), so verl's ``TaskRunner`` actor has it. It
     also sets ``RLPULSE_EXPECTED_ROLES=driver=1`` when unset, so the workers'
     :func:`worker_producer` declares the driver: the collector then waits for the driver,
     which registers only when ``fit()`` builds ``Tracking``, instead of emitting the workers'
-    steps without it and dropping the driver's as late. (With ``trainer.rlpulse.role`` set,
+    steps without it and dropping the driver's as late. (With ``rlpulse.trainer.rlpulse.role`` set,
     set ``RLPULSE_EXPECTED_ROLES`` to that role, ``=1``, in the job's ``env_vars``.)
     """
     from verl.utils.tracking import Tracking

@@ -5,7 +5,7 @@ from __future__ import annotations
 import array
 from collections.abc import Mapping
 
-from schemas import CATALOG, Summary, protocol as P, protocol_v1 as V1
+from rlpulse.schemas import CATALOG, Summary, protocol as P, protocol_v1 as V1
 
 
 def hello(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from schemas import Summary, metrics as M, protocol as P
-from schemas.record import StepRecord
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.schemas import Summary, metrics as M, protocol as P
+from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import hello, metrics
 
 ADV = M.CRITIC_ADVANTAGES.name

@@ -8,12 +8,12 @@ import array
 import numpy as np
 import pytest
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from schemas import metrics as M, protocol as P
-from schemas.messages import TableDecl
-from schemas.record import StepRecord
-from schemas.values import Summary
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.schemas import metrics as M, protocol as P
+from rlpulse.schemas.messages import TableDecl
+from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.values import Summary
 
 ADV, LOSS, LR = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name, M.ACTOR_LR.name
 TABLE = TableDecl(0, [ADV, LOSS, LR], bytes([1, 1, 6]))

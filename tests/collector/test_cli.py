@@ -1,4 +1,4 @@
-"""``python -m collector``'s own commands: ``--help`` lists every command, and ``keygen``
+"""``python -m rlpulse.collector``'s own commands: ``--help`` lists every command, and ``keygen``
 never replaces an existing key pair unless told to (issue 17, item 6)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
-from collector.__main__ import main
+from rlpulse.collector.__main__ import main
 
 
 def test_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -18,7 +18,7 @@ def test_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 0
     out = capsys.readouterr().out
     for command in ("--config", "report", "compare", "keygen"):
-        assert f"python -m collector {command}" in out, out
+        assert f"python -m rlpulse.collector {command}" in out, out
 
 
 def test_keygen_makes_a_pair_and_refuses_to_overwrite_it(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.config import CollectorConfig
-from schemas.errors import ConfigError
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.schemas.errors import ConfigError
 
 
 def test_roll_single_tracker_form(tmp_path) -> None:
@@ -61,8 +61,8 @@ def test_unreadable_and_invalid_yaml(tmp_path) -> None:
 
 
 def test_sink_kwargs_are_validated_when_built() -> None:
-    from collector.sinks import build_sink
-    from collector.sinks.base import SinkContext
+    from rlpulse.collector.sinks import build_sink
+    from rlpulse.collector.sinks.base import SinkContext
 
     with pytest.raises(ConfigError) as info:
         build_sink("jsonl", {}, SinkContext())

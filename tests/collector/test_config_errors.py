@@ -1,7 +1,7 @@
 """Bad collector configuration that used to crash or be accepted (issue 17, item 3): each
 is refused with a ConfigError that names the field and says what is wrong.
 
-The same cases through ``python -m collector`` (exit status 2, no traceback), and the ones
+The same cases through ``python -m rlpulse.collector`` (exit status 2, no traceback), and the ones
 that only show when a port is bound, are in tests/integration/test_bad_config_exit.py.
 """
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import CollectorConfig
-from collector.sinks.base import SinkContext
-from collector.sinks.prometheus import PrometheusSink
-from schemas.errors import ConfigError
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.prometheus import PrometheusSink
+from rlpulse.schemas.errors import ConfigError
 from tests.certs import self_signed_pair
 
 

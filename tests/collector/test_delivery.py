@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collector.delivery import Delivery
-from schemas import protocol as P
+from rlpulse.collector.delivery import Delivery
+from rlpulse.schemas import protocol as P
 from tests.collector.helpers import hello, metrics
 
 

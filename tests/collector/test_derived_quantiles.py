@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from collector.derived import Throughput, histogram_quantiles
-from schemas import metrics as M, serving as S
-from schemas.histogram import BOUNDS, bucket_counts, quantile
-from schemas.reductions import Stat
+from rlpulse.collector.derived import Throughput, histogram_quantiles
+from rlpulse.schemas import metrics as M, serving as S
+from rlpulse.schemas.histogram import BOUNDS, bucket_counts, quantile
+from rlpulse.schemas.reductions import Stat
 
 P99 = M.SERVE_LATENCY_P99.name
 SUMMARY = M.SERVE_LATENCY_SUMMARY.output_names()

@@ -7,11 +7,11 @@ import io
 import json
 from typing import Any
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
-from schemas import protocol as P
-from schemas.record import StepRecord
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
+from rlpulse.schemas import protocol as P
+from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import metrics
 
 URL = "http://10.0.0.7:8000/metrics"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collector.config import CollectorConfig
-from collector.discovery import Discovery, ScrapeTarget, TargetPolicy
-from collector.health import Health
-from schemas.errors import ConfigError
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.discovery import Discovery, ScrapeTarget, TargetPolicy
+from rlpulse.collector.health import Health
+from rlpulse.schemas.errors import ConfigError
 
 
 def target(url: str, rank: int = 0) -> ScrapeTarget:

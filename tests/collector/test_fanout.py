@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from collector.config import CollectorConfig
-from collector.fanout import FanOut, SinkWorker
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.fanout import FanOut, SinkWorker
+from rlpulse.schemas.record import StepRecord
 
 
 class Recording:

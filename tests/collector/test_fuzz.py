@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from collector.delivery import Delivery
-from schemas import SchemaError, protocol as P, protocol_v1 as V1
-from schemas.messages import TableDecl
-from schemas.values import invalid_rows
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.delivery import Delivery
+from rlpulse.schemas import SchemaError, protocol as P, protocol_v1 as V1
+from rlpulse.schemas.messages import TableDecl
+from rlpulse.schemas.values import invalid_rows
 
 EXAMPLES = int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "300"))
 """Inputs per fuzz test in ``make test``; a long run: ``RLPULSE_FUZZ_EXAMPLES=20000``."""

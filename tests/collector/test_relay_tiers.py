@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from collector.relay import HEARTBEAT_S, RelayAggregator, RelayRecord
-from schemas import Summary, metrics as M, protocol as P
-from schemas.messages import Member, TableDecl
-from schemas.record import StepRecord
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.relay import HEARTBEAT_S, RelayAggregator, RelayRecord
+from rlpulse.schemas import Summary, metrics as M, protocol as P
+from rlpulse.schemas.messages import Member, TableDecl
+from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import hello, metrics
 
 ADV, LOSS = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from collector.delivery import Delivery
-from schemas import Summary, protocol as P
-from schemas.metrics import CATALOG
-from schemas.record import StepRecord
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.delivery import Delivery
+from rlpulse.schemas import Summary, protocol as P
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import metrics
 
 ADV = "critic/advantages"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collector.segmentlog import Position, SegmentLog
+from rlpulse.collector.segmentlog import Position, SegmentLog
 
 DEFAULTS = {"segment_bytes": 64 << 20, "fsync": False}
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.health import Health, exported
-from collector.sinks.base import SinkContext
-from collector.sinks.prometheus import PrometheusSink
+from rlpulse.collector.health import Health, exported
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.prometheus import PrometheusSink
 
 
 def test_every_counter_of_health_is_declared() -> None:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from schemas import metrics as M, protocol as P
-from schemas.record import StepRecord
-from schemas.spans import Span
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.schemas import metrics as M, protocol as P
+from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.spans import Span
 from tests.collector.helpers import hello, metrics
 from tests.collector.test_relay_tiers import Tiers
 

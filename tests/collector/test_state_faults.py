@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import CollectorConfig
-from collector.durable import DurableState, OutboxReader, StateError
-from collector.segmentlog import Position, SegmentLog, inspect, read_mark
-from collector.sinks.jsonl import JsonlSink
-from schemas import protocol
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.durable import DurableState, OutboxReader, StateError
+from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark
+from rlpulse.collector.sinks.jsonl import JsonlSink
+from rlpulse.schemas import protocol
+from rlpulse.schemas.record import StepRecord
 
 LIMITS = protocol.Limits(max_bytes=1 << 20, max_names=1000, max_name_length=200)
 

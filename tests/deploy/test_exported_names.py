@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.launch import start_collector
-from collector.promnames import prom_metric
-from producer import Fraction, Producer, Weighted
-from schemas import metrics as M
-from schemas.reductions import Reduction
+from rlpulse.collector.launch import start_collector
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.producer import Fraction, Producer, Weighted
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.reductions import Reduction
 from tests.deploy.conftest import DASHBOARDS, RULES
 from tests.deploy.promql import Query, dashboard_queries, references, rule_queries
 

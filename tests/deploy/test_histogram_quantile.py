@@ -1,6 +1,6 @@
 """The collector's quantile of a histogram is Prometheus' own: promtool evaluates
 ``histogram_quantile`` over the same bucket counts (as cumulative ``le`` series) and must
-find the value :func:`schemas.histogram.quantile` computes (without the min/max clamp,
+find the value :func:`rlpulse.schemas.histogram.quantile` computes (without the min/max clamp,
 which Prometheus does not know)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from schemas.histogram import BOUNDS, INF, bound_label, bucket_counts, quantile
+from rlpulse.schemas.histogram import BOUNDS, INF, bound_label, bucket_counts, quantile
 
 
 def test_quantile_matches_prometheus_histogram_quantile(promtool: str, tmp_path: Path) -> None:

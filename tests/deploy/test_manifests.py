@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from collector.config import CollectorConfig
-from collector.discovery import SD_PATH
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.discovery import SD_PATH
 from tests.deploy.conftest import DEPLOY, ROOT
 
 K8S = DEPLOY / "k8s"
@@ -88,11 +88,12 @@ def test_dockerfile_installs_the_collector_only_and_runs_the_compose_command() -
     for source in re.findall(r"^COPY (\S+)", text, re.M):
         assert (ROOT / source).exists(), source
     assert "trainer" not in re.search(r"^ARG EXTRAS=(.*)$", text, re.M).group(1)
-    assert 'ENTRYPOINT ["python", "-m", "collector"]' in text
+    assert 'ENTRYPOINT ["rlpulse", "collector"]' in text
     assert f'CMD ["--config", "{CONFIG_IN_CONTAINER}"]' in text
     assert set(re.search(r"^EXPOSE (.*)$", text, re.M).group(1).split()) == {"5555", "9464"}
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
-    assert all(f"!{d}/**" in ignore for d in ("schemas", "producer", "collector"))
+    packages = ("rlpulse", "schemas", "producer", "collector", "runtools", "trainer", "deploy")
+    assert all(f"!{d}/**" in ignore for d in packages)
 
 
 def test_systemd_unit_runs_the_collector_and_verifies(tmp_path: Path) -> None:
@@ -100,7 +101,9 @@ def test_systemd_unit_runs_the_collector_and_verifies(tmp_path: Path) -> None:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment,method-assign]
     unit.read(path)
-    assert unit["Service"]["ExecStart"].endswith(f"-m collector --config {CONFIG_IN_CONTAINER}")
+    assert unit["Service"]["ExecStart"].endswith(
+        f"-m rlpulse.collector --config {CONFIG_IN_CONTAINER}"
+    )
     assert unit["Service"]["KillSignal"] == "SIGTERM"
     assert unit["Service"]["RestartPreventExitStatus"] == "2"  # a config error is not retried
     assert unit["Install"]["WantedBy"] == "multi-user.target"

@@ -1,4 +1,4 @@
-"""``python -m collector --config BAD.yaml`` as a user runs it: every bad configuration of
+"""``python -m rlpulse.collector --config BAD.yaml`` as a user runs it: every bad configuration of
 issue 17 (item 3) exits with status 2 and one line naming the field and the problem, never a
 traceback and never a collector that starts anyway. Ports in use are real sockets."""
 
@@ -21,7 +21,7 @@ def run_collector(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[s
     path = tmp_path / "collector.yaml"
     path.write_text(yaml.safe_dump(config))
     return subprocess.run(
-        [sys.executable, "-m", "collector", "--config", str(path)],
+        [sys.executable, "-m", "rlpulse.collector", "--config", str(path)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

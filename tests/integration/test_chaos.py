@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 from benchmarks.common import free_port
-from collector.launch import start_collector
+from rlpulse.collector.launch import start_collector
 from tests.integration.test_relay import SPAWN, relay
 from tests.integration.workload import expected, run_rank
 

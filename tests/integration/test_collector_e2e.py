@@ -15,8 +15,8 @@ import msgpack
 import pytest
 import zmq
 
-from collector.launch import start_collector
-from schemas import protocol_v1 as V1
+from rlpulse.collector.launch import start_collector
+from rlpulse.schemas import protocol_v1 as V1
 from tests.integration.workload import expected, run_rank
 
 SPAWN = mp.get_context("spawn")
@@ -182,7 +182,7 @@ def test_bad_config_fails_at_start_with_the_field_named(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("track_with: [jsonl]\ntracker_kwargs: {jsonl: {}}\n")
     proc = subprocess.run(
-        [os.sys.executable, "-m", "collector", "--config", str(bad)],
+        [os.sys.executable, "-m", "rlpulse.collector", "--config", str(bad)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -9,14 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from collector.launch import start_collector
-from producer import Producer
-from producer.env import load_curve
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Producer
+from rlpulse.producer.env import load_curve
 
 
 def keygen(directory: Path, name: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "collector", "keygen", str(directory), name],
+        [sys.executable, "-m", "rlpulse.collector", "keygen", str(directory), name],
         check=True,
         capture_output=True,
     )

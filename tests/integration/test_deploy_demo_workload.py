@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from collector.launch import start_collector
+from rlpulse.collector.launch import start_collector
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 50

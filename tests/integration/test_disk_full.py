@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from producer import Producer
-from producer.config import ProducerConfig
+from rlpulse.producer import Producer
+from rlpulse.producer.config import ProducerConfig
 from tests.integration.test_state_faults import Setup, free_port
 
 NAMES = [f"disk/value_{i:02d}" for i in range(40)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from collector.launch import start_collector
-from producer import Producer
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Producer
 from tests.integration.test_reliability import free_port
 
 RANKS, STEPS, NAMES = 16, 1000, 60

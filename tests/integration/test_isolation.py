@@ -9,13 +9,13 @@ import threading
 import time
 import urllib.request
 
-from collector.config import CollectorConfig
-from collector.daemon import Collector
-from collector.sinks.base import SinkContext
-from collector.sinks.jsonl import JsonlSink
-from collector.sinks.prometheus import PrometheusSink
-from producer import Producer
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.daemon import Collector
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.jsonl import JsonlSink
+from rlpulse.collector.sinks.prometheus import PrometheusSink
+from rlpulse.producer import Producer
+from rlpulse.schemas.record import StepRecord
 
 
 class Raising:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.launch import start_collector
-from collector.promnames import prom_metric
-from producer import Producer
-from schemas import metrics as M
-from schemas.errors import REJECT_REASONS
+from rlpulse.collector.launch import start_collector
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.producer import Producer
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.errors import REJECT_REASONS
 
 
 def free_port() -> int:

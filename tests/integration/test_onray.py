@@ -1,4 +1,4 @@
-"""Collectors on Ray (``collector.onray``) in Ray's multi-node simulation on one machine: a
+"""Collectors on Ray (``rlpulse.collector.onray``) in Ray's multi-node simulation on one machine: a
 relay pinned to each of three nodes, a root on the driver's node, and ranks on every node
 that find their node's relay without being given an address. The root's output is exact,
 every step once, nothing partial, also when Ray restarts a relay killed mid-run."""
@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from collector.onray import RayCollectors, RayCollectorsConfig  # noqa: E402
+from rlpulse.collector.onray import RayCollectors, RayCollectorsConfig  # noqa: E402
 from tests.integration.workload import expected, run_rank  # noqa: E402
 
 NODES, RANKS_PER_NODE, STEPS = 3, 2, 30
@@ -25,7 +25,7 @@ WORLD = NODES * RANKS_PER_NODE
 
 
 def test_a_bad_config_is_refused_before_any_collector_starts() -> None:
-    from schemas.errors import ConfigError
+    from rlpulse.schemas.errors import ConfigError
 
     bad = RayCollectorsConfig(root={"track_with": ["tensorbored"]})
     with pytest.raises(ConfigError, match="track_with"):
@@ -35,7 +35,7 @@ def test_a_bad_config_is_refused_before_any_collector_starts() -> None:
 
 
 def test_outside_a_ray_job_producers_keep_the_usual_default() -> None:
-    from producer.env import DEFAULT_ADDRESS, default_address, node_relay_address
+    from rlpulse.producer.env import DEFAULT_ADDRESS, default_address, node_relay_address
 
     if ray.is_initialized():
         pytest.skip("this process is in a Ray job")
@@ -153,7 +153,7 @@ def test_stop_says_what_it_could_not_forward_or_write(cluster, tmp_path: Path) -
     """A root that cannot take anything (SIGSTOPped): the relay holding a run's steps gives
     up after its ``sink_close_s`` and says how many records it did not forward; the root,
     still not exiting after ``timeout_s``, is killed; both are in ``stop()``'s report."""
-    from producer import Producer
+    from rlpulse.producer import Producer
 
     config = RayCollectorsConfig(
         root={"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(tmp_path / "o")}}},

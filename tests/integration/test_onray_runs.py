@@ -1,4 +1,4 @@
-"""``collector.onray`` run the way a user runs it (issue 21): a driver script per run, each
+"""``rlpulse.collector.onray`` run the way a user runs it (issue 21): a driver script per run, each
 starting a fresh local Ray cluster, so every run's Ray job id is ``01000000``.
 
 * the README's ``RayCollectors`` snippet, as written: ``collectors.stop()`` right after the
@@ -38,8 +38,8 @@ PRELUDE = textwrap.dedent(
 
     @ray.remote(num_cpus=0)
     def rank_worker(rank):
-        from producer import Producer, Weighted
-        from schemas import metrics as M
+        from rlpulse.producer import Producer, Weighted
+        from rlpulse.schemas import metrics as M
 
         p = Producer(run=run, role="actor_train", rank=rank, world_size=RANKS)  # no address
         for step in range(STEPS):
@@ -122,7 +122,7 @@ def test_the_readme_snippet_as_written_writes_every_step(tmp_path: Path) -> None
 
 
 COLLECTORS = """
-from collector.onray import RayCollectors, RayCollectorsConfig
+from rlpulse.collector.onray import RayCollectors, RayCollectorsConfig
 
 collectors = RayCollectors.start(
     RayCollectorsConfig(

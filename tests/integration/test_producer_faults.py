@@ -18,13 +18,13 @@ from contextlib import contextmanager
 
 import zmq
 
-from collector.config import CollectorConfig
-from collector.daemon import Collector
-from producer import Producer
-from producer.config import ProducerConfig
-from schemas import protocol
-from schemas.messages import DEFAULT_LIMITS, DROP_KEYS
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.daemon import Collector
+from rlpulse.producer import Producer
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.schemas import protocol
+from rlpulse.schemas.messages import DEFAULT_LIMITS, DROP_KEYS
+from rlpulse.schemas.record import StepRecord
 
 CONFIG = ProducerConfig(resend_s=0.5, close_timeout_s=5.0, gpu_sample_s=0)
 WIDE = [f"wide/m{i:05d}" for i in range(10_000)]

@@ -4,7 +4,7 @@ the list when its producer closes.
 
 The engine is a loopback ``prometheus_client`` server exporting a vLLM-style gauge; it
 registers as a vLLM worker would, with a producer that logs nothing. An engine started from a
-shell registers through ``python -m collector register -- COMMAND`` for as long as it runs.
+shell registers through ``python -m rlpulse.collector register -- COMMAND`` for as long as it runs.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from collector.launch import start_collector
-from producer import Producer
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Producer
 from tests.integration.promserver import (
     PROMETHEUS,
     free_port,
@@ -122,7 +122,7 @@ def test_prometheus_discovers_and_scrapes_a_registered_endpoint(
 
 
 def test_register_lists_an_engine_started_from_the_shell_while_it_runs(tmp_path: Path) -> None:
-    """``python -m collector register ... -- COMMAND``, as a vLLM user would run it."""
+    """``python -m rlpulse.collector register ... -- COMMAND``, as a vLLM user would run it."""
     port = free_port()
     config = {"track_with": ["prometheus"], "tracker_kwargs": {"prometheus": {"port": port}}}
     with (tmp_path / "collector.log").open("w") as log:
@@ -133,7 +133,15 @@ def test_register_lists_an_engine_started_from_the_shell_while_it_runs(tmp_path:
     try:
         register = ["--collector", collector.address, "--url", url, "--run", RUN, "--role", ROLE]
         engine_cmd = [sys.executable, "-c", engine + "\nraise SystemExit(5)"]
-        command = [sys.executable, "-m", "collector", "register", *register, "--", *engine_cmd]
+        command = [
+            sys.executable,
+            "-m",
+            "rlpulse.collector",
+            "register",
+            *register,
+            "--",
+            *engine_cmd,
+        ]
         proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         eventually(lambda: bool(sd_list(sd)), "the endpoint at /sd")
         (group,) = sd_list(sd) or []

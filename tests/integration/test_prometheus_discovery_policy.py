@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.launch import CollectorProcess, start_collector
-from producer import Producer
+from rlpulse.collector.launch import CollectorProcess, start_collector
+from rlpulse.producer import Producer
 from tests.integration.promserver import free_port
 
 REFUSED = "rlpulse_collector_scrape_targets_refused_total"
@@ -102,7 +102,7 @@ def test_a_bad_sd_targets_exits_2_naming_the_entry(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(yaml.safe_dump({"sd_targets": {"allow": ["127.0.0.0/8", "10.0.0.1/8"]}}))
     done = subprocess.run(
-        [sys.executable, "-m", "collector", "--config", str(path)],
+        [sys.executable, "-m", "rlpulse.collector", "--config", str(path)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.promnames import prom_metric
-from collector.sinks.base import SinkContext
-from collector.sinks.prometheus import PrometheusSink
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.prometheus import PrometheusSink
 from tests.collector.sinks.conftest import jsonl_view, make_records
 from tests.integration.promserver import (
     PROMETHEUS,
@@ -107,8 +107,8 @@ def test_promtool_finds_nothing_wrong_with_a_live_scrape(sink: PrometheusSink) -
 def test_collector_daemon_end_to_end(tmp_path: Path) -> None:
     """Producer -> collector daemon (jsonl + prometheus sinks) -> Prometheus server -> PromQL."""
     need(PROMETHEUS)
-    from collector.launch import start_collector
-    from producer.client import Producer
+    from rlpulse.collector.launch import start_collector
+    from rlpulse.producer.client import Producer
 
     out, port = tmp_path / "out.jsonl", free_port()
     config = {

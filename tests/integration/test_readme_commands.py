@@ -33,8 +33,8 @@ def blocks(section: str, lang: str) -> list[str]:
 WORKER = textwrap.dedent(
     """
     import sys
-    from producer import Producer, Weighted
-    from schemas import metrics as M
+    from rlpulse.producer import Producer, Weighted
+    from rlpulse.schemas import metrics as M
 
     rank = int(sys.argv[1])
     p = Producer(run="curve", role="actor_train", rank=rank, world_size=int(sys.argv[2]))
@@ -55,6 +55,7 @@ def test_curve_exactly_as_the_readme_lays_out_the_keys(tmp_path) -> None:
         command = line.split("#")[0].strip()
         if command:
             command = re.sub(r"^python ", f"{sys.executable} ", command)
+            command = re.sub(r"^rlpulse ", f"{Path(sys.executable).parent / 'rlpulse'} ", command)
             subprocess.run(command, shell=True, cwd=tmp_path, env=env, check=True)
     assert sorted(p.name for p in (tmp_path / "keys" / "clients").iterdir()) == ["worker.key"]
 
@@ -65,7 +66,7 @@ def test_curve_exactly_as_the_readme_lays_out_the_keys(tmp_path) -> None:
     log = tmp_path / "collector.log"
     ready = tmp_path / "ready"
     # The README binds 0.0.0.0:5555; tests bind loopback on a free port (--bind, as documented).
-    command = [sys.executable, "-m", "collector", "--config", "collector.yaml"]
+    command = [sys.executable, "-m", "rlpulse.collector", "--config", "collector.yaml"]
     collector = subprocess.Popen(
         [*command, "--bind", "tcp://127.0.0.1:*", "--ready-file", str(ready)],
         cwd=tmp_path,
@@ -111,13 +112,13 @@ def test_collector_warns_about_secret_keys_in_clients_dir(tmp_path) -> None:
     says that the secret key does not belong there."""
     import logging
 
-    from collector.config import CollectorConfig
-    from collector.daemon import Collector
+    from rlpulse.collector.config import CollectorConfig
+    from rlpulse.collector.daemon import Collector
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for directory, name in (("server", "collector"), ("clients", "worker")):
         subprocess.run(
-            [sys.executable, "-m", "collector", "keygen", str(tmp_path / directory), name],
+            [sys.executable, "-m", "rlpulse.collector", "keygen", str(tmp_path / directory), name],
             env=env,
             check=True,
             capture_output=True,

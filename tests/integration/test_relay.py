@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import free_port
-from collector.launch import start_collector
+from rlpulse.collector.launch import start_collector
 from tests.integration.workload import expected, run_rank
 
 SPAWN = mp.get_context("spawn")

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import CollectorConfig
-from collector.daemon import Collector
-from collector.launch import start_collector
-from collector.sinks.base import Sink
-from producer import Producer
-from schemas.record import StepRecord
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.daemon import Collector
+from rlpulse.collector.launch import start_collector
+from rlpulse.collector.sinks.base import Sink
+from rlpulse.producer import Producer
+from rlpulse.schemas.record import StepRecord
 from tests.integration.test_collector_e2e import SPAWN, assert_matches, read_jsonl
 from tests.integration.workload import expected, run_rank
 
@@ -175,7 +175,7 @@ class FlakySink(Sink):
 
 
 def test_a_failing_sink_catches_up_in_order_once_it_recovers(tmp_path) -> None:
-    from collector.sinks.jsonl import JsonlSink
+    from rlpulse.collector.sinks.jsonl import JsonlSink
 
     flaky = FlakySink()
     jsonl = JsonlSink(tmp_path / "out.jsonl")
@@ -219,7 +219,7 @@ def test_a_failing_sink_catches_up_in_order_once_it_recovers(tmp_path) -> None:
 
 @pytest.mark.parametrize("torn", [b'{"run":"x","st', b""])
 def test_jsonl_sink_repairs_a_torn_line_and_knows_what_it_wrote(tmp_path, torn: bytes) -> None:
-    from collector.sinks.jsonl import JsonlSink
+    from rlpulse.collector.sinks.jsonl import JsonlSink
 
     path = tmp_path / "o.jsonl"
     sink = JsonlSink(path)
@@ -238,8 +238,8 @@ def test_jsonl_sink_repairs_a_torn_line_and_knows_what_it_wrote(tmp_path, torn: 
 
 
 def test_tensorboard_sink_knows_what_it_wrote_across_restarts(tmp_path) -> None:
-    from collector.sinks.base import SinkContext
-    from collector.sinks.tensorboard import TensorBoardSink
+    from rlpulse.collector.sinks.base import SinkContext
+    from rlpulse.collector.sinks.tensorboard import TensorBoardSink
 
     sink = TensorBoardSink.from_kwargs({"log_dir": str(tmp_path)}, SinkContext())
     sink.open()

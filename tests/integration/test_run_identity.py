@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collector.launch import start_collector
+from rlpulse.collector.launch import start_collector
 from tests.integration.test_collector_e2e import SPAWN, assert_matches, read_jsonl
 from tests.integration.test_reliability import free_port
 from tests.integration.workload import expected, run_rank

@@ -1,4 +1,4 @@
-"""The real policy server: ``python -m trainer.serve`` on a loopback port with a demo-size
+"""The real policy server: ``python -m rlpulse.trainer.serve`` on a loopback port with a demo-size
 checkpoint (built from a config, nothing downloaded), streaming its metrics to a real
 collector. Answers, concurrency, every bad input, and the metrics the collector emits.
 
@@ -27,12 +27,12 @@ import psutil
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from collector.launch import CollectorProcess, start_collector
-from schemas import metrics as M, serving as S
-from schemas.reductions import Stat
-from schemas.topology import SERVE
+from rlpulse.collector.launch import CollectorProcess, start_collector
+from rlpulse.schemas import metrics as M, serving as S
+from rlpulse.schemas.reductions import Stat
+from rlpulse.schemas.topology import SERVE
+from rlpulse.trainer.rollout import generate_hf
 from tests.servemodel import PROMPTS, make_checkpoint
-from trainer.rollout import generate_hf
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "serve-test"
@@ -93,7 +93,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     cmd = [
         sys.executable,
         "-m",
-        "trainer.serve",
+        "rlpulse.trainer.serve",
         *("--model", str(checkpoint), "--port", str(port), "--device", "cpu"),
         *("--collector", collector.address, "--run", RUN, "--report-interval-s", "0.2"),
         *("--batch-wait-ms", "20", "--torch-threads", "1"),
@@ -144,7 +144,7 @@ def expected(served: Served) -> dict[str, str]:
 )
 def test_bad_options_exit_2_naming_the_field(args: list[str], says: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.serve", *args],
+        [sys.executable, "-m", "rlpulse.trainer.serve", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

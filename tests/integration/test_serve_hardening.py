@@ -1,4 +1,4 @@
-"""The real policy server (``python -m trainer.serve`` on a loopback port) against clients that
+"""The real policy server (``python -m rlpulse.trainer.serve`` on a loopback port) against clients that
 get things wrong (issue 22, item 14): bodies that used to crash a handler into a 500
 ``internal`` (deep nesting, lone surrogates, numbers too large to convert) get a 4xx naming
 the problem, and connections that never finish a request are closed after
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from schemas import serving as S
+from rlpulse.schemas import serving as S
 from tests.servemodel import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cmd = [
         sys.executable,
         "-m",
-        "trainer.serve",
+        "rlpulse.trainer.serve",
         *("--model", str(checkpoint), "--port", str(port), "--device", "cpu"),
         *("--torch-threads", "1", "--request-timeout-s", str(TIMEOUT_S)),
     ]
@@ -216,7 +216,7 @@ def test_the_timeout_bounds_receiving_a_request_not_answering_it(server: Server)
 
 def test_a_bad_request_timeout_exits_2_naming_it() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.serve", "--model", "m", "--request-timeout-s", "0"],
+        [sys.executable, "-m", "rlpulse.trainer.serve", "--model", "m", "--request-timeout-s", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,

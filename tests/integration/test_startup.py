@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
-from collector.launch import start_collector
-from producer import Producer
-from producer.env import load_curve
-from producer.transport import CurveKeys
+from rlpulse.collector.launch import start_collector
+from rlpulse.producer import Producer
+from rlpulse.producer.env import load_curve
+from rlpulse.producer.transport import CurveKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,8 +102,8 @@ def test_short_lived_producers_started_together_all_register(tmp_path, secure: b
 WORKER = textwrap.dedent(
     """
     import sys
-    from producer import Producer, Weighted
-    from schemas import metrics as M
+    from rlpulse.producer import Producer, Weighted
+    from rlpulse.schemas import metrics as M
 
     rank = int(sys.argv[1])
     p = Producer(sys.argv[2], run=sys.argv[3], role="actor_train", rank=rank, world_size=8)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collector.config import CollectorConfig
-from collector.segmentlog import HEADER
-from producer import Producer
-from producer.config import ProducerConfig
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.segmentlog import HEADER
+from rlpulse.producer import Producer
+from rlpulse.producer.config import ProducerConfig
 
 
 def free_port() -> int:
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 @dataclass
 class Daemon:
-    """A ``python -m collector`` process and where its stderr goes."""
+    """A ``python -m rlpulse.collector`` process and where its stderr goes."""
 
     proc: subprocess.Popen
     log: Path
@@ -89,7 +89,7 @@ class Setup:
         with log.open("w") as err:
             proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "collector", "--config", str(self.config_path)),
+                    *(sys.executable, "-m", "rlpulse.collector", "--config", str(self.config_path)),
                     *("--bind", self.bind, "--ready-file", str(ready)),
                 ],
                 stdout=subprocess.DEVNULL,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import free_port
-from collector.launch import start_collector
-from collector.sinks.trace import trace_path
-from schemas import metrics as M
+from rlpulse.collector.launch import start_collector
+from rlpulse.collector.sinks.trace import trace_path
+from rlpulse.schemas import metrics as M
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
 from tests.collector.sinks.otlp_receiver import Receiver
@@ -29,7 +29,7 @@ SLOWEST = M.STRAGGLER.format(cluster="actor_train", phase="train_step", stat="sl
 
 
 def rank_main(address: str, rank: int) -> None:
-    from producer import Producer
+    from rlpulse.producer import Producer
 
     with Producer(address, run="tl", role="actor_train", rank=rank, world_size=RANKS) as p:
         for step in range(STEPS):

@@ -1,4 +1,4 @@
-"""The full catalog from a real run: ``python -m trainer --steps 2 --collector ADDRESS``.
+"""The full catalog from a real run: ``python -m rlpulse.trainer --steps 2 --collector ADDRESS``.
 
 A collector (jsonl sink) and the trainer (Ray, 2 actor_train ranks, critic, reference,
 rollout, reward) run in one loopback-only network namespace, because Ray probes the network at
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from schemas import metrics as m, serving
-from schemas.catalog import Entry
-from schemas.metrics import CATALOG
-from schemas.topology import PHASES
+from rlpulse.schemas import metrics as m, serving
+from rlpulse.schemas.catalog import Entry
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.topology import PHASES
 
 # One run (Ray start-up plus 6 worker processes importing torch and transformers) takes about
 # a minute on an idle 2-core machine and several on a loaded one.
@@ -35,8 +35,8 @@ MAX_NEW_TOKENS = 6
 # The collector, then the trainer attached to it by address, in one process tree.
 RUNNER = """
 import sys
-from collector.launch import start_collector
-from trainer.__main__ import main
+from rlpulse.collector.launch import start_collector
+from rlpulse.trainer.__main__ import main
 out, run_dir, steps, batch, max_new = sys.argv[1:6]
 handle = start_collector({"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": out}}})
 try:
@@ -63,14 +63,14 @@ def _netns_prefix() -> list[str]:
 
 
 def trainer_cmd(run: str, output_dir: Path, steps: int, *overrides: str) -> list[str]:
-    """``python -m trainer`` on the reverse task, in the loopback namespace when it can be,
+    """``python -m rlpulse.trainer`` on the reverse task, in the loopback namespace when it can be,
     with ``--set`` for each of ``overrides``."""
     sets = [arg for override in overrides for arg in ("--set", override)]
     return [
         *_netns_prefix(),
         sys.executable,
         "-m",
-        "trainer",
+        "rlpulse.trainer",
         *("--config", "trainer/configs/reverse.yaml", "--steps", str(steps), "--run", run),
         *("--output-dir", str(output_dir), "--no-progress", *sets),
     ]
@@ -117,7 +117,9 @@ def expected_names() -> tuple[set[str], dict[str, str]]:
     served = {v.name for v in vars(serving).values() if isinstance(v, Entry)}
     for entry in CATALOG.entries.values():
         if entry.name in served:  # checked in tests/integration/test_serve.py
-            excused[entry.name] = "the policy server's (python -m trainer.serve), not the trainer's"
+            excused[entry.name] = (
+                "the policy server's (python -m rlpulse.trainer.serve), not the trainer's"
+            )
             continue
         names.update(entry.output_names().values())
     for phase in PHASES:

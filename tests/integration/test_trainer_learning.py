@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import metrics as m
+from rlpulse.schemas import metrics as m
 from tests.integration.test_trainer_catalog import REPO, trainer_cmd
 
 STEPS = 30

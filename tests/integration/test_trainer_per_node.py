@@ -1,5 +1,5 @@
 """The trainer with ``cluster.collectors: per_node``: a relay on the Ray node and a root
-(``collector.onray``), every worker finding the relay by itself. The run's metrics.jsonl,
+(``rlpulse.collector.onray``), every worker finding the relay by itself. The run's metrics.jsonl,
 written by the root, has every step complete, from every worker, with the metrics of every
 role; the relay's log shows the workers registered with it, not with the root directly.
 
@@ -34,7 +34,7 @@ ROLES = {"actor_train", "critic", "reference", "rollout", "reward", "driver"}
 
 
 def train(tmp_path: Path, *flags: str) -> str:
-    """``python -m trainer --run pernode`` with ``flags``; its standard output."""
+    """``python -m rlpulse.trainer --run pernode`` with ``flags``; its standard output."""
     cmd = trainer_cmd("pernode", tmp_path, STEPS, *OVERRIDES)
     proc = subprocess.run(
         [*cmd, *flags], cwd=REPO, capture_output=True, text=True, timeout=600, check=False

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from producer import Fraction, Masked, Producer, Weighted
-from producer.config import ProducerConfig
-from schemas import metrics as M
+from rlpulse.producer import Fraction, Masked, Producer, Weighted
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.schemas import metrics as M
 
 ADV, LOSS, CLIP, T_TOTAL = (
     M.CRITIC_ADVANTAGES.name,

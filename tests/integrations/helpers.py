@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from collector.launch import CollectorProcess, start_collector
+from rlpulse.collector.launch import CollectorProcess, start_collector
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The driver value policy (``producer.integrations.driver``), with a recording producer and
+"""The driver value policy (``rlpulse.producer.integrations.driver``), with a recording producer and
 then through a real collector: one sample per name and step reads back bit for bit, whatever
 the catalog's reduction. Needs neither verl nor TRL."""
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from producer import Producer
-from producer.integrations.driver import DriverStream, as_number, save_run_config
-from schemas import metrics as M
-from schemas.errors import ConfigError
-from schemas.reductions import Stat
+from rlpulse.producer import Producer
+from rlpulse.producer.integrations.driver import DriverStream, as_number, save_run_config
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.reductions import Stat
 from tests.integrations.helpers import ROOT, jsonl_collector, records
 
 SCORE = M.CRITIC_SCORE.output_names()
@@ -106,8 +106,8 @@ def test_config_is_saved_as_plain_yaml(tmp_path) -> None:
     assert yaml.safe_load(path.read_text()) == {"a": {"b": [1, 2]}, "p": str(tmp_path), "f": 0.5}
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError) as err:
-        save_run_config(tmp_path / "file" / "sub", {}, "trainer.rlpulse.config_dir")
-    assert err.value.field == "trainer.rlpulse.config_dir"
+        save_run_config(tmp_path / "file" / "sub", {}, "rlpulse.trainer.rlpulse.config_dir")
+    assert err.value.field == "rlpulse.trainer.rlpulse.config_dir"
 
 
 def test_driver_values_read_back_exactly_whatever_the_catalog_declares(tmp_path) -> None:
@@ -139,7 +139,7 @@ def test_driver_values_read_back_exactly_whatever_the_catalog_declares(tmp_path)
 
 @pytest.mark.parametrize("framework", ["verl", "trl"])
 def test_example_collector_configs_load(framework) -> None:
-    from collector.config import CollectorConfig
+    from rlpulse.collector.config import CollectorConfig
 
     text = (ROOT / "examples" / framework / "collector.yaml").read_text()
     config = CollectorConfig.from_mapping(yaml.safe_load(text))

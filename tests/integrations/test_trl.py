@@ -21,8 +21,8 @@ pytest.importorskip(
     "trl", reason="TRL is not installed: `make install-integrations` (.venv-integrations)"
 )
 
-from schemas import metrics as M
-from schemas.reductions import Stat
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.reductions import Stat
 from tests.integrations.grpo_job import ROOT, load_example, recording
 from tests.integrations.helpers import jsonl_collector, readme_block, records
 
@@ -179,10 +179,10 @@ def test_the_readme_commands_run_as_written(tmp_path) -> None:
     }
     ready = tmp_path / "ready"
     command = collector_line.rstrip("&").split()
-    assert command[:3] == ["python", "-m", "collector"]
+    assert command[:2] == ["rlpulse", "collector"]
     log = (tmp_path / "collector.log").open("w")
     collector = subprocess.Popen(
-        [sys.executable, *command[1:], "--ready-file", str(ready)],
+        [os.path.join(bin_dir, "rlpulse"), *command[1:], "--ready-file", str(ready)],
         cwd=tmp_path,
         env=env,
         stderr=log,

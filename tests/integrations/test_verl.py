@@ -23,10 +23,10 @@ from verl.utils.metric import AggregationType, Metric
 from verl.utils.tracking import Tracking
 from verl.workers.config import ActorConfig
 
-from producer.integrations import verl as rlpulse_verl
-from schemas import metrics as M
-from schemas.errors import ConfigError
-from schemas.reductions import Stat
+from rlpulse.producer.integrations import verl as rlpulse_verl
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.reductions import Stat
 from tests.integrations.helpers import ROOT, jsonl_collector, readme_block, records
 from tests.integrations.verl_job import driver_metrics
 
@@ -116,11 +116,11 @@ def test_log_never_blocks_the_loop_without_a_collector(registered) -> None:
 @pytest.mark.parametrize(
     ("section", "field"),
     [
-        ({"adress": "tcp://x:1"}, "trainer.rlpulse.adress"),
-        ({"expected_roles": {"actor_train": 0}}, "trainer.rlpulse.expected_roles"),
-        ({"worker_side": "critic/advantages"}, "trainer.rlpulse.worker_side"),
-        ({"producer": {"close_timeout_s": -1}}, "trainer.rlpulse.producer.close_timeout_s"),
-        ({"run": ""}, "trainer.rlpulse.run"),
+        ({"adress": "tcp://x:1"}, "rlpulse.trainer.rlpulse.adress"),
+        ({"expected_roles": {"actor_train": 0}}, "rlpulse.trainer.rlpulse.expected_roles"),
+        ({"worker_side": "critic/advantages"}, "rlpulse.trainer.rlpulse.worker_side"),
+        ({"producer": {"close_timeout_s": -1}}, "rlpulse.trainer.rlpulse.producer.close_timeout_s"),
+        ({"run": ""}, "rlpulse.trainer.rlpulse.run"),
     ],
 )
 def test_bad_settings_stop_verl_at_start_naming_the_field(section, field, registered) -> None:
@@ -277,7 +277,7 @@ def test_example_settings_and_command_are_what_verl_and_rlpulse_accept(tmp_path)
         config = compose("ppo_trainer", overrides=overrides)
     assert list(config.trainer.logger) == ["console", "rlpulse"]
     runtime_env = config.ray_kwargs.ray_init.runtime_env
-    assert runtime_env.worker_process_setup_hook == "producer.integrations.verl.register"
+    assert runtime_env.worker_process_setup_hook == "rlpulse.producer.integrations.verl.register"
     assert runtime_env.env_vars.RLPULSE_RUN == config.trainer.experiment_name == "gsm8k"
 
 

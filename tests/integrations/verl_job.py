@@ -100,8 +100,8 @@ class ActorRank:
     verl's workers"), in a process of the job: Ray ran the setup hook in it."""
 
     def log_steps(self, rank: int, world_size: int, steps: int) -> str:
-        from producer import Fraction
-        from producer.integrations.verl import worker_producer
+        from rlpulse.producer import Fraction
+        from rlpulse.producer.integrations.verl import worker_producer
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))  # verl's worker group's
         producer = worker_producer("actor_train", reductions={"actor/pg_clipfrac": "fraction"})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from schemas import protocol
+from rlpulse.schemas import protocol
 
 
 class Inbox:

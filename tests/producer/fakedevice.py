@@ -1,4 +1,4 @@
-"""A stand-in for CUDA that runs ``producer.device``'s pipeline on CPU tensors.
+"""A stand-in for CUDA that runs ``rlpulse.producer.device``'s pipeline on CPU tensors.
 
 Every CPU tensor counts as "on the device". A held device passes no marker until the test
 releases it (``FakeOps.release``), as a GPU busy with queued work would; markers carry a fake
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from producer.device import DeviceContext
+from rlpulse.producer.device import DeviceContext
 
 
 class FakeMarker:
@@ -36,7 +36,7 @@ class FakeMarker:
 
 
 class FakeOps:
-    """:class:`producer.device.DeviceOps` over CPU tensors."""
+    """:class:`rlpulse.producer.device.DeviceOps` over CPU tensors."""
 
     torch = torch
 

@@ -1,4 +1,4 @@
-"""The GPU pipeline (``producer.device``) on CPU tensors, through a fake of CUDA's events and
+"""The GPU pipeline (``rlpulse.producer.device``) on CPU tensors, through a fake of CUDA's events and
 streams: the caller only snapshots; the sender reduces, waits for the "device" and keeps the
 order; values are exact; errors are counted, never raised. The same code runs on a GPU in
 ``test_gpu.py``."""
@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from producer import Fraction, Masked, Producer, Weighted
-from producer.config import ProducerConfig
-from producer.device import reduce_tensor
-from producer.reduce import reduce_value
-from schemas import metrics as M, protocol
-from schemas.values import Summary
+from rlpulse.producer import Fraction, Masked, Producer, Weighted
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.device import reduce_tensor
+from rlpulse.producer.reduce import reduce_value
+from rlpulse.schemas import metrics as M, protocol
+from rlpulse.schemas.values import Summary
 from tests.producer.conftest import done_steps, entries, has_bye
 from tests.producer.fakedevice import fake_context
 

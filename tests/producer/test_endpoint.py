@@ -1,5 +1,5 @@
 """A producer registers the Prometheus endpoint its process serves; one made with
-``logs=False`` registers only that, and logs nothing. ``python -m collector register`` holds
+``logs=False`` registers only that, and logs nothing. ``python -m rlpulse.collector register`` holds
 such a producer while a command runs."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from producer import Producer
-from producer.register import main as register
-from schemas import protocol
+from rlpulse.producer import Producer
+from rlpulse.producer.register import main as register
+from rlpulse.schemas import protocol
 from tests.producer.conftest import entries, has_bye
 
 URL = "http://127.0.0.1:8000/metrics"

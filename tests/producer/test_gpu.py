@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from producer import Fraction, Masked, Producer, Weighted
-from producer.config import ProducerConfig
-from producer.gpustate import GIB, NvmlSampler
-from schemas import metrics as M
+from rlpulse.producer import Fraction, Masked, Producer, Weighted
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.gpustate import GIB, NvmlSampler
+from rlpulse.schemas import metrics as M
 from tests.producer.conftest import entries, has_bye
 
 pytestmark = [
@@ -134,8 +134,8 @@ def test_every_input_kind_is_exact_without_a_sync(inbox, dtype, n) -> None:
 
 
 def test_past_the_snapshot_budget_reduction_on_the_callers_stream_does_not_sync(inbox) -> None:
-    from producer.cuda import CudaOps
-    from producer.device import DeviceContext
+    from rlpulse.producer.cuda import CudaOps
+    from rlpulse.producer.device import DeviceContext
 
     values = torch.randn(4096, device="cuda")
     p = Producer(

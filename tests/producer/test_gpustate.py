@@ -8,10 +8,10 @@ import os
 import time
 from types import SimpleNamespace
 
-from producer import Producer
-from producer.config import ProducerConfig
-from producer.gpustate import NvmlSampler
-from schemas import metrics as M
+from rlpulse.producer import Producer
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.schemas import metrics as M
 from tests.producer.conftest import entries, has_bye
 
 ME, CHILD, STRANGER = os.getpid(), 4242, 777

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from producer import Producer
-from producer.env import resume_from_env
-from schemas.protocol import new_producer_id
+from rlpulse.producer import Producer
+from rlpulse.producer.env import resume_from_env
+from rlpulse.schemas.protocol import new_producer_id
 
 
 def test_producer_ids_ignore_every_seeded_generator() -> None:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from producer import Masked, Producer, Weighted
-from producer.config import ProducerConfig
-from schemas import Reduction, metrics as M, protocol
+from rlpulse.producer import Masked, Producer, Weighted
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.schemas import Reduction, metrics as M, protocol
 from tests.producer.conftest import done_steps, entries, has_bye
 
 
@@ -242,7 +242,7 @@ class FakeCuda:
 
 
 def test_phase_records_gpu_snapshots_per_device(inbox) -> None:
-    from producer.memory import MemoryProbe
+    from rlpulse.producer.memory import MemoryProbe
 
     fake = FakeCuda()
     probe = MemoryProbe(torch=type("T", (), {"cuda": fake})())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from producer import Fraction, Masked, Weighted
-from producer.reduce import InvalidValue, reduce_value
+from rlpulse.producer import Fraction, Masked, Weighted
+from rlpulse.producer.reduce import InvalidValue, reduce_value
 
 
 def test_numpy_array_every_element_is_a_sample() -> None:

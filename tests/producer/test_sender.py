@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from producer import Producer, ProducerConfig
-from producer.transport import MemoryTransport
-from schemas import protocol
+from rlpulse.producer import Producer, ProducerConfig
+from rlpulse.producer.transport import MemoryTransport
+from rlpulse.schemas import protocol
 
 QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
 

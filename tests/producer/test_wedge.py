@@ -11,13 +11,13 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from producer import Producer, ProducerConfig
-from producer.encode import Encoder
-from producer.stats import Counters
-from producer.transport import MemoryTransport
-from schemas import protocol
-from schemas.messages import DEFAULT_LIMITS
-from schemas.metrics import CATALOG
+from rlpulse.producer import Producer, ProducerConfig
+from rlpulse.producer.encode import Encoder
+from rlpulse.producer.stats import Counters
+from rlpulse.producer.transport import MemoryTransport
+from rlpulse.schemas import protocol
+from rlpulse.schemas.messages import DEFAULT_LIMITS
+from rlpulse.schemas.metrics import CATALOG
 
 QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
 

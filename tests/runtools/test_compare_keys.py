@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from runtools.cli import main
+from rlpulse.runtools.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PPO = FIXTURES / "ppo-kl.jsonl"

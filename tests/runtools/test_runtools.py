@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from runtools.cli import main
-from runtools.compare import render, table
-from runtools.report import plan
-from runtools.runs import RunFileError, load_run, load_runs
-from schemas import metrics as M
+from rlpulse.runtools.cli import main
+from rlpulse.runtools.compare import render, table
+from rlpulse.runtools.report import plan
+from rlpulse.runtools.runs import RunFileError, load_run, load_runs
+from rlpulse.schemas import metrics as M
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEMO = FIXTURES / "demo-synthetic.jsonl"  # scripts/demo_synthetic.py --steps 6 (make demo)

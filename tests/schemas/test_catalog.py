@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import CATALOG, Reduction, Stat, metrics as M
-from schemas.topology import PHASES
+from rlpulse.schemas import CATALOG, Reduction, Stat, metrics as M
+from rlpulse.schemas.topology import PHASES
 
 HERE = Path(__file__).parent
 SEEDS = HERE.parents[1].parent / "shared" / "seeds"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from schemas import SchemaError, protocol as P
-from schemas.endpoint import DEFAULT_PATH, MAX_URL_LENGTH, MetricsUrl
-from schemas.messages import Member
+from rlpulse.schemas import SchemaError, protocol as P
+from rlpulse.schemas.endpoint import DEFAULT_PATH, MAX_URL_LENGTH, MetricsUrl
+from rlpulse.schemas.messages import Member
 
 
 @pytest.mark.parametrize(

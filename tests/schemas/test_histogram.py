@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from collector.promnames import prom_metric
-from schemas import CATALOG, Reduction, metrics as M
-from schemas.histogram import (
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.schemas import CATALOG, Reduction, metrics as M
+from rlpulse.schemas.histogram import (
     BOUNDS,
     INF,
     Histogram,

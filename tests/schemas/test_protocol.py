@@ -11,8 +11,8 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from schemas import SchemaError, protocol as P, protocol_v1 as V1
-from schemas.messages import Table, TableDecl
+from rlpulse.schemas import SchemaError, protocol as P, protocol_v1 as V1
+from rlpulse.schemas.messages import Table, TableDecl
 
 VALUES = array.array("d", (1, 1, 1, 1, 2, 1, 2, 2)).tobytes()
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from collector.delivery import Delivery
-from schemas import protocol, protocol_v1
-from schemas.errors import SchemaError
-from schemas.messages import DEFAULT_LIMITS, Member
+from rlpulse.collector.delivery import Delivery
+from rlpulse.schemas import protocol, protocol_v1
+from rlpulse.schemas.errors import SchemaError
+from rlpulse.schemas.messages import DEFAULT_LIMITS, Member
 
 LONG = "y" * (DEFAULT_LIMITS.max_name_length + 1)
 GOOD = protocol.TableDecl(0, ["loss"], bytes([1]))

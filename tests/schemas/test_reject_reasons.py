@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from schemas.errors import REJECT_REASONS
+from rlpulse.schemas.errors import REJECT_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas.metrics import STRAGGLER
-from schemas.spans import Span, stragglers
+from rlpulse.schemas.metrics import STRAGGLER
+from rlpulse.schemas.spans import Span, stragglers
 
 
 def name(stat: str, phase: str = "train_step") -> str:
@@ -49,7 +49,7 @@ def test_phases_are_separate_and_a_phase_of_one_rank_has_no_straggler() -> None:
 
 
 def test_straggler_metrics_are_derived_and_never_taken_from_a_producer() -> None:
-    from schemas.metrics import CATALOG
+    from rlpulse.schemas.metrics import CATALOG
 
     assert CATALOG.resolve(name("lag")).derived
     assert CATALOG.resolve(name("lag")).unit == "s"

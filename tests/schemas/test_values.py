@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from schemas import Reduction, Stat, Summary
-from schemas.values import empty_rows, merge_rows
+from rlpulse.schemas import Reduction, Stat, Summary
+from rlpulse.schemas.values import empty_rows, merge_rows
 
 
 def merge_all(states: list[Summary], reduction: Reduction = Reduction.MEAN) -> Summary:

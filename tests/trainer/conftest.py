@@ -9,20 +9,20 @@ from typing import Any
 import pytest
 import torch
 
-from collector.aggregator import Aggregator
-from collector.config import CollectorConfig
-from producer.reduce import reduce_value
-from schemas import protocol as P
-from schemas.record import StepRecord
+from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.producer.reduce import reduce_value
+from rlpulse.schemas import protocol as P
+from rlpulse.schemas.record import StepRecord
+from rlpulse.trainer.advantage import compute_advantages, sample_weights, validity
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.config import ModelConfig, PPOConfig, TrainerConfig
+from rlpulse.trainer.model import ValueModel, build_policy
+from rlpulse.trainer.policy_trainer import PolicyTrainer
+from rlpulse.trainer.rollout import generate_hf
+from rlpulse.trainer.task import AdditionTask, score
+from rlpulse.trainer.tokenizer import build_tokenizer
 from tests.collector.helpers import hello, metrics
-from trainer.advantage import compute_advantages, sample_weights, validity
-from trainer.batch import RolloutBatch
-from trainer.config import ModelConfig, PPOConfig, TrainerConfig
-from trainer.model import ValueModel, build_policy
-from trainer.policy_trainer import PolicyTrainer
-from trainer.rollout import generate_hf
-from trainer.task import AdditionTask, score
-from trainer.tokenizer import build_tokenizer
 
 
 class ThreadGroup:
@@ -35,7 +35,7 @@ class ThreadGroup:
 
 
 class ThreadComm:
-    """A ``trainer.comm.Comm`` over a :class:`ThreadGroup` (every rank gets the same sum)."""
+    """A ``rlpulse.trainer.comm.Comm`` over a :class:`ThreadGroup` (every rank gets the same sum)."""
 
     def __init__(self, group: ThreadGroup, rank: int) -> None:
         self.group, self.rank, self.world_size = group, rank, group.world_size
@@ -121,7 +121,7 @@ def filled_batch(tiny_cfg: TrainerConfig, tokenizer) -> RolloutBatch:
     old = PolicyTrainer(policy, tiny_cfg.ppo, comm=None).log_probs(batch)  # type: ignore[arg-type]
     values = ValueModel.from_policy(policy)
     torch.nn.init.normal_(values.head.weight, std=0.1)
-    from trainer.model import response_values
+    from rlpulse.trainer.model import response_values
 
     with torch.no_grad():
         v = response_values(values, batch.input_ids, batch.attention_mask, batch.prompt_width)

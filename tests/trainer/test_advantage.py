@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from trainer import ppo
-from trainer.advantage import (
+from rlpulse.trainer import ppo
+from rlpulse.trainer.advantage import (
     compute_advantages,
     gae,
     grpo_advantages,
@@ -20,8 +20,8 @@ from trainer.advantage import (
     uniform_groups,
     validity,
 )
-from trainer.batch import RolloutBatch
-from trainer.config import PPOConfig
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.config import PPOConfig
 
 T = torch.tensor
 

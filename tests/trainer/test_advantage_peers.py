@@ -15,9 +15,9 @@ import statistics
 import pytest
 import torch
 
-from trainer.advantage import compute_advantages, grpo_advantages
-from trainer.batch import RolloutBatch
-from trainer.config import PPOConfig
+from rlpulse.trainer.advantage import compute_advantages, grpo_advantages
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.config import PPOConfig
 
 EPS = 1e-6
 GRPO = PPOConfig(algorithm="grpo", kl_placement="loss")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.multiprocessing as mp
 
-from trainer.comm import TorchDistComm, all_reduce_gradients, free_port, global_count
+from rlpulse.trainer.comm import TorchDistComm, all_reduce_gradients, free_port, global_count
 
 
 def _rank(rank: int, init_method: str, out: dict) -> None:  # runs in a spawned process

@@ -1,4 +1,4 @@
-"""``python -m trainer`` with a bad ``--config`` or ``--set`` exits 2 with one line naming the
+"""``python -m rlpulse.trainer`` with a bad ``--config`` or ``--set`` exits 2 with one line naming the
 field and what it expects (issue 17, item 3), before anything heavy starts."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import ConfigError
-from trainer.__main__ import main
-from trainer.config import load_config
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.trainer.__main__ import main
+from rlpulse.trainer.config import load_config
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

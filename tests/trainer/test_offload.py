@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.offload import StateMover, resolve_device
+from rlpulse.trainer.offload import StateMover, resolve_device
 
 
 def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -50,10 +50,10 @@ def test_gpu_onload_and_offload_move_weights_and_optimizer_state() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_vllm_engine_generates_and_takes_new_weights(tmp_path) -> None:
     pytest.importorskip("vllm")
-    from trainer.config import ModelConfig
-    from trainer.model import build_policy
-    from trainer.rollout_vllm import VLLMEngine
-    from trainer.tokenizer import build_tokenizer
+    from rlpulse.trainer.config import ModelConfig
+    from rlpulse.trainer.model import build_policy
+    from rlpulse.trainer.rollout_vllm import VLLMEngine
+    from rlpulse.trainer.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     policy = build_policy(ModelConfig(), tok, seed=0)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer import ppo
-from trainer.config import LOSS_AGG_MODES
+from rlpulse.trainer import ppo
+from rlpulse.trainer.config import LOSS_AGG_MODES
 
 T = torch.tensor
 

@@ -4,7 +4,7 @@ same merged metrics and the same weights.
 The ranks run in threads with an in-process all-reduce (``ThreadComm``) around the very
 ``PolicyTrainer``/``ValueTrainer`` code the Ray workers run; the gloo path is covered by
 ``test_comm.py`` and the full run. The models are float64 but their logits and values come
-out as float32 (``trainer.model``), so the ranks agree to float32 rounding (1e-6), far below
+out as float32 (``rlpulse.trainer.model``), so the ranks agree to float32 rounding (1e-6), far below
 what a wrong weighting moves; ``test_split_ranks.py`` checks the merge itself to 1e-9 on
 float64 inputs. What the ranks log is reduced and merged as the producer and the collector do
 (``tests.trainer.conftest.collect``).
@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 import torch
 
-from schemas import metrics as m
+from rlpulse.schemas import metrics as m
+from rlpulse.trainer import emit
+from rlpulse.trainer.batch import RolloutBatch, shard
+from rlpulse.trainer.comm import Comm, LocalComm
+from rlpulse.trainer.config import LOSS_AGG_MODES, TrainerConfig
+from rlpulse.trainer.model import ValueModel, build_policy
+from rlpulse.trainer.policy_trainer import PolicyTrainer
+from rlpulse.trainer.value_trainer import ValueTrainer
 from tests.trainer.conftest import ThreadComm, ThreadGroup, collect
-from trainer import emit
-from trainer.batch import RolloutBatch, shard
-from trainer.comm import Comm, LocalComm
-from trainer.config import LOSS_AGG_MODES, TrainerConfig
-from trainer.model import ValueModel, build_policy
-from trainer.policy_trainer import PolicyTrainer
-from trainer.value_trainer import ValueTrainer
 
 WORLDS = (1, 2, 3)
 TOL = 1e-6

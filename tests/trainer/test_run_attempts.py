@@ -1,4 +1,4 @@
-"""A second ``python -m trainer`` under an existing ``--run`` is a new attempt, ``NAME-2``,
+"""A second ``python -m rlpulse.trainer`` under an existing ``--run`` is a new attempt, ``NAME-2``,
 unless ``--resume`` (issue 21, item 4): it never appends the same steps to the first run's
 metrics.jsonl by accident. (The whole trainer, twice: ``test_trainer_per_node.py``.)"""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.config import TrainerConfig, load_config
-from trainer.run import claim_run
+from rlpulse.trainer.config import TrainerConfig, load_config
+from rlpulse.trainer.run import claim_run
 
 
 def config(tmp_path: Path, run: str = "demo") -> TrainerConfig:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from producer import Producer, ProducerConfig
-from schemas.protocol import DROP_KEYS, STAT_KEYS
-from trainer.run import producer_problems
+from rlpulse.producer import Producer, ProducerConfig
+from rlpulse.schemas.protocol import DROP_KEYS, STAT_KEYS
+from rlpulse.trainer.run import producer_problems
 
 NOBODY = "tcp://127.0.0.1:9"
 """A loopback port nothing listens on: nothing is ever acknowledged."""

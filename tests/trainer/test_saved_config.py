@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
-import trainer.run
-from runtools.cli import main as run_tools
-from schemas.record import StepRecord
-from trainer.config import load_config
+import rlpulse.trainer.run as trainer_run
+from rlpulse.runtools.cli import main as run_tools
+from rlpulse.schemas.record import StepRecord
+from rlpulse.trainer.config import load_config
 
 
 class Stop(Exception):
@@ -26,13 +26,13 @@ def fail(*args: object, **kwargs: object) -> None:
 
 
 def start_run(tmp_path: Path, overrides: list[str], monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``train()`` up to the task build (no Ray workers), as ``python -m trainer`` calls it."""
+    """``train()`` up to the task build (no Ray workers), as ``python -m rlpulse.trainer`` calls it."""
     cfg = load_config(None, [f"output_dir={tmp_path}", "metrics=false", *overrides])
-    monkeypatch.setattr(trainer.run, "build_task", fail)
+    monkeypatch.setattr(trainer_run, "build_task", fail)
     threads = torch.get_num_threads()  # train() sets the process's torch threads
     try:
         with pytest.raises(Stop):
-            trainer.run.train(cfg)
+            trainer_run.train(cfg)
     finally:
         torch.set_num_threads(threads)
     return cfg.run_dir

@@ -13,15 +13,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from schemas import serving as S
-from schemas.errors import ConfigError
-from schemas.histogram import bucket_counts
-from tests.servemodel import PROMPTS, make_checkpoint
-from trainer.rollout import generate_hf
-from trainer.serve.batcher import PHASE, Batcher
-from trainer.serve.config import ServeConfig
-from trainer.serve.engine import Answer, Engine, Job, RowTemperature
-from trainer.serve.requests import (
+from rlpulse.schemas import serving as S
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.histogram import bucket_counts
+from rlpulse.trainer.rollout import generate_hf
+from rlpulse.trainer.serve.batcher import PHASE, Batcher
+from rlpulse.trainer.serve.config import ServeConfig
+from rlpulse.trainer.serve.engine import Answer, Engine, Job, RowTemperature
+from rlpulse.trainer.serve.requests import (
     STATUS,
     GenerateRequest,
     Limits,
@@ -29,8 +28,9 @@ from trainer.serve.requests import (
     error_body,
     parse_request,
 )
-from trainer.serve.telemetry import Reporter, ServeMetrics
-from trainer.tokenizer import build_tokenizer
+from rlpulse.trainer.serve.telemetry import Reporter, ServeMetrics
+from rlpulse.trainer.tokenizer import build_tokenizer
+from tests.servemodel import PROMPTS, make_checkpoint
 
 LIMITS = Limits(
     max_new_tokens=63, max_temperature=10.0, default_max_new_tokens=16, default_temperature=1.0

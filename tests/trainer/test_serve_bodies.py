@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from schemas import serving as S
-from trainer.serve.requests import Limits, RequestError, error_body, parse_request
+from rlpulse.schemas import serving as S
+from rlpulse.trainer.serve.requests import Limits, RequestError, error_body, parse_request
 
 LIMITS = Limits(
     max_new_tokens=63, max_temperature=10.0, default_max_new_tokens=16, default_temperature=1.0

@@ -1,14 +1,14 @@
 """One ragged batch split over 1, 2 and 3 data-parallel ranks: every merged metric is the same
 within 1e-9, and equals the peers' formula applied to the whole batch.
 
-Each rank runs the trainer's loss functions (:mod:`trainer.ppo`) on its shard
-(:func:`trainer.batch.shard_indices`) with the global scale of each mini-batch, as the trainers
-do after their all-reduce; :mod:`trainer.emit` turns the stats into producer values, which are
-reduced as a producer reduces them (:func:`producer.reduce.reduce_value`) and merged by the
-collector's own :class:`~collector.aggregator.Aggregator`. The expected values are computed in
+Each rank runs the trainer's loss functions (:mod:`rlpulse.trainer.ppo`) on its shard
+(:func:`rlpulse.trainer.batch.shard_indices`) with the global scale of each mini-batch, as the trainers
+do after their all-reduce; :mod:`rlpulse.trainer.emit` turns the stats into producer values, which are
+reduced as a producer reduces them (:func:`rlpulse.producer.reduce.reduce_value`) and merged by the
+collector's own :class:`~rlpulse.collector.aggregator.Aggregator`. The expected values are computed in
 numpy over the whole batch, written from verl's formulation (``compute_policy_loss_vanilla``,
 ``agg_loss``, ``kl_penalty``) and ROLL's (``agg_loss``, ``compute_approx_kl``, the critic's
-``loss_func``), independently of :mod:`trainer.ppo`.
+``loss_func``), independently of :mod:`rlpulse.trainer.ppo`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from schemas import metrics as m
+from rlpulse.schemas import metrics as m
+from rlpulse.trainer import emit, ppo
+from rlpulse.trainer.batch import RolloutBatch, shard_indices
+from rlpulse.trainer.config import LOSS_AGG_MODES
 from tests.trainer.conftest import collect
-from trainer import emit, ppo
-from trainer.batch import RolloutBatch, shard_indices
-from trainer.config import LOSS_AGG_MODES
 
 LENGTHS = [7, 3000, 12, 950, 31, 2999, 64, 8, 1500, 300, 7, 77]
 LENGTHS += [2048, 19, 640, 9, 1200, 45, 2500, 16, 700, 3000, 150, 11]

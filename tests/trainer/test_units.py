@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from schemas.metrics import CATALOG
-from trainer import emit
-from trainer.batch import RolloutBatch, concat_rows, shard, shard_indices
-from trainer.config import ConfigError, load_config
-from trainer.diversity import distinct_n, repetition
-from trainer.rollout import assemble_batch
-from trainer.task import ReverseTask, is_correct, score
-from trainer.tokenizer import build_tokenizer
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.trainer import emit
+from rlpulse.trainer.batch import RolloutBatch, concat_rows, shard, shard_indices
+from rlpulse.trainer.config import ConfigError, load_config
+from rlpulse.trainer.diversity import distinct_n, repetition
+from rlpulse.trainer.rollout import assemble_batch
+from rlpulse.trainer.task import ReverseTask, is_correct, score
+from rlpulse.trainer.tokenizer import build_tokenizer
 
 
 def test_overrides_and_config_errors_name_the_field() -> None:

@@ -1,4 +1,4 @@
-"""``python -m trainer.serve --model runs/demo/checkpoint-29/actor [--port 8000] [--collector ADDRESS]``
+"""``python -m rlpulse.trainer.serve --model runs/demo/checkpoint-29/actor [--port 8000] [--collector ADDRESS]``
 
 Serves the exported policy over HTTP (``POST /generate``, ``GET /healthz``) with uvicorn, on
 127.0.0.1 unless ``--host`` says otherwise. With ``--collector`` (or ``RLPULSE_ADDRESS``) the
@@ -15,10 +15,10 @@ import os
 import signal
 import sys
 
-from producer import ADDRESS_VAR, NullProducer, Producer
-from schemas.errors import ConfigError
-from schemas.topology import SERVE
-from trainer.serve.config import DEVICES, ServeConfig
+from rlpulse.producer import ADDRESS_VAR, NullProducer, Producer
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.topology import SERVE
+from rlpulse.trainer.serve.config import DEVICES, ServeConfig
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 
@@ -26,7 +26,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 def parse_args(argv: list[str] | None) -> ServeConfig:
     """The configuration the command line asks for; ConfigError names a bad field."""
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.serve",
+        prog="python -m rlpulse.trainer.serve",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from trainer.serve.app import Server, create_app
-    from trainer.serve.deadline import RequestDeadlineProtocol
-    from trainer.serve.engine import Engine
-    from trainer.serve.telemetry import MetricsProducer
+    from rlpulse.trainer.serve.app import Server, create_app
+    from rlpulse.trainer.serve.deadline import RequestDeadlineProtocol
+    from rlpulse.trainer.serve.engine import Engine
+    from rlpulse.trainer.serve.telemetry import MetricsProducer
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)

@@ -3,7 +3,7 @@
 ``/generate`` takes ``{"prompt": str, "max_new_tokens": int, "temperature": number}`` and
 answers ``{"response": str, "tokens": int, "finish_reason": "eos" | "length"}``; a bad request
 gets a 4xx (an overloaded or failing server a 5xx) with ``{"error": kind, "field": ...,
-"message": ...}``, the kind being the catalog's (``schemas.serving.ERROR_KINDS``). Nothing a
+"message": ...}``, the kind being the catalog's (``rlpulse.schemas.serving.ERROR_KINDS``). Nothing a
 client sends can stop the server: every failure of a request is answered and counted.
 
 ``/healthz`` answers 200 with the model, device, queue depth and counts while the generation
@@ -29,12 +29,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from schemas import serving as S
-from trainer.serve.batcher import Batcher
-from trainer.serve.config import ServeConfig
-from trainer.serve.engine import Engine, Job
-from trainer.serve.requests import Limits, RequestError, error_body, parse_request
-from trainer.serve.telemetry import MetricsProducer, Reporter, ServeMetrics
+from rlpulse.schemas import serving as S
+from rlpulse.trainer.serve.batcher import Batcher
+from rlpulse.trainer.serve.config import ServeConfig
+from rlpulse.trainer.serve.engine import Engine, Job
+from rlpulse.trainer.serve.requests import Limits, RequestError, error_body, parse_request
+from rlpulse.trainer.serve.telemetry import MetricsProducer, Reporter, ServeMetrics
 
 log = logging.getLogger("rlpulse.serve")
 

@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
-from schemas import serving as S
-from schemas.topology import GENERATE, SERVE
-from trainer.serve.engine import Answer, Job
-from trainer.serve.requests import RequestError
-from trainer.serve.telemetry import Reporter
+from rlpulse.schemas import serving as S
+from rlpulse.schemas.topology import GENERATE, SERVE
+from rlpulse.trainer.serve.engine import Answer, Job
+from rlpulse.trainer.serve.requests import RequestError
+from rlpulse.trainer.serve.telemetry import Reporter
 
 log = logging.getLogger("rlpulse.serve")
 PHASE = f"{SERVE}/{GENERATE}"
@@ -33,7 +33,7 @@ PHASE = f"{SERVE}/{GENERATE}"
 
 
 class Generator(Protocol):
-    """What the batcher needs of the model (``trainer.serve.engine.Engine``)."""
+    """What the batcher needs of the model (``rlpulse.trainer.serve.engine.Engine``)."""
 
     def generate(self, jobs: Sequence[Job]) -> list[Answer]: ...
 

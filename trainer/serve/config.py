@@ -1,6 +1,6 @@
 """The policy server's configuration: one frozen dataclass, validated when it is made.
 
-Every default is spelled here once; the command line (``trainer.serve.__main__``) only
+Every default is spelled here once; the command line (``rlpulse.trainer.serve.__main__``) only
 overrides fields.
 
 >>> ServeConfig(model="runs/demo/checkpoint-29/actor").host
@@ -17,14 +17,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from schemas.errors import ConfigError
+from rlpulse.schemas.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """What ``python -m trainer.serve`` runs: the model, the address, batching, request
+    """What ``python -m rlpulse.trainer.serve`` runs: the model, the address, batching, request
     limits and where metrics go."""
 
     model: str

@@ -8,7 +8,7 @@ connection, or a slow-loris client, holds its socket and its slot for ever. Here
 request must arrive whole (request line, headers and body) within ``request_timeout_s`` of
 the connection opening, or of its first byte after the previous answer; past that the
 connection is closed. A request whose body was still being read sees a disconnect
-(``trainer.serve.app`` does not count it as answered). Time spent generating an answer is
+(``rlpulse.trainer.serve.app`` does not count it as answered). Time spent generating an answer is
 not limited: the deadline ends once the request is in.
 
 >>> protocol = RequestDeadlineProtocol.with_timeout(5.0)

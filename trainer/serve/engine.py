@@ -3,7 +3,7 @@
 The checkpoint is what the trainer exports (``save_pretrained`` of the policy and its
 tokenizer), loaded with ``AutoModelForCausalLM`` and ``AutoTokenizer``. A batch mixes requests
 with different prompts, lengths, temperatures and token limits: prompts are left-padded as
-the rollout workers pad them (``trainer.rollout.encode_prompts``), each row is sampled at its
+the rollout workers pad them (``rlpulse.trainer.rollout.encode_prompts``), each row is sampled at its
 own temperature (0: greedy) by a logits processor, and a row stops at its own EOS or token
 limit while the others go on.
 
@@ -33,9 +33,9 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from schemas.errors import ConfigError
-from trainer.rollout import encode_prompts
-from trainer.serve.requests import GenerateRequest
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.trainer.rollout import encode_prompts
+from rlpulse.trainer.serve.requests import GenerateRequest
 
 
 @dataclass

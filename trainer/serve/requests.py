@@ -2,7 +2,7 @@
 
 A request is ``{"prompt": str, "max_new_tokens": int, "temperature": number}``; only the
 prompt is required. Every problem is a :class:`RequestError` carrying one of the catalog's
-error kinds (``schemas.serving.ERROR_KINDS``), the field at fault and a message that says what
+error kinds (``rlpulse.schemas.serving.ERROR_KINDS``), the field at fault and a message that says what
 is wrong and what would be accepted; :func:`error_body` is what the client receives.
 
 >>> limits = Limits(max_new_tokens=64, max_temperature=10.0, default_max_new_tokens=16,
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from schemas import serving as S
+from rlpulse.schemas import serving as S
 
 FIELDS = ("prompt", "max_new_tokens", "temperature")
 """The fields of a request body."""

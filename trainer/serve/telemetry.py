@@ -4,7 +4,7 @@ Handlers and the batcher record into :class:`ServeMetrics` (a lock, a few counte
 window's latencies); :class:`Reporter` closes a window every ``interval_s`` and logs it through
 a producer with role ``serve`` as one step: ``serve/requests``, ``serve/errors/{kind}`` (every
 kind, zeros included), ``serve/tokens_generated``, ``serve/queue_depth``, ``serve/batch_size``
-and the ``serve/latency`` histogram (``schemas.serving``). The collector merges replicas and
+and the ``serve/latency`` histogram (``rlpulse.schemas.serving``). The collector merges replicas and
 derives the latency quantiles and running totals.
 
 Windows and batches share :attr:`Reporter.window_lock`: the batcher holds it while it
@@ -30,13 +30,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from schemas import serving as S
+from rlpulse.schemas import serving as S
 
 log = logging.getLogger("rlpulse.serve")
 
 
 class MetricsProducer(Protocol):
-    """What the reporter needs of a producer (``producer.Producer`` or ``NullProducer``)."""
+    """What the reporter needs of a producer (``rlpulse.producer.Producer`` or ``NullProducer``)."""
 
     def log(self, data: dict[str, Any], step: int) -> None: ...
 

@@ -6,14 +6,20 @@ from pathlib import Path
 
 import torch
 
-from schemas.topology import ACTOR_TRAIN, COMPUTE_LOG_PROBS, DO_CHECKPOINT, MODEL_UPDATE, TRAIN_STEP
-from trainer import emit
-from trainer.batch import RolloutBatch
-from trainer.comm import Comm, LocalComm, TorchDistComm, free_port
-from trainer.model import build_policy
-from trainer.offload import StateMover
-from trainer.policy_trainer import LogProbs, PolicyTrainer
-from trainer.workers.base import Worker, WorkerSpec
+from rlpulse.schemas.topology import (
+    ACTOR_TRAIN,
+    COMPUTE_LOG_PROBS,
+    DO_CHECKPOINT,
+    MODEL_UPDATE,
+    TRAIN_STEP,
+)
+from rlpulse.trainer import emit
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.comm import Comm, LocalComm, TorchDistComm, free_port
+from rlpulse.trainer.model import build_policy
+from rlpulse.trainer.offload import StateMover
+from rlpulse.trainer.policy_trainer import LogProbs, PolicyTrainer
+from rlpulse.trainer.workers.base import Worker, WorkerSpec
 
 
 class ActorTrainWorker(Worker):

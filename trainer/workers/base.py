@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from trainer.config import TrainerConfig
-from trainer.offload import StateMover, resolve_device
-from trainer.tokenizer import build_tokenizer
+from rlpulse.trainer.config import TrainerConfig
+from rlpulse.trainer.offload import StateMover, resolve_device
+from rlpulse.trainer.tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True)

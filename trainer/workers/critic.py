@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from schemas.topology import COMPUTE_VALUES, CRITIC, DO_CHECKPOINT, TRAIN_STEP
-from trainer import emit
-from trainer.batch import RolloutBatch
-from trainer.comm import LocalComm
-from trainer.model import ValueModel, build_policy
-from trainer.offload import StateMover
-from trainer.value_trainer import ValueTrainer
-from trainer.workers.base import Worker, WorkerSpec
+from rlpulse.schemas.topology import COMPUTE_VALUES, CRITIC, DO_CHECKPOINT, TRAIN_STEP
+from rlpulse.trainer import emit
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.comm import LocalComm
+from rlpulse.trainer.model import ValueModel, build_policy
+from rlpulse.trainer.offload import StateMover
+from rlpulse.trainer.value_trainer import ValueTrainer
+from rlpulse.trainer.workers.base import Worker, WorkerSpec
 
 
 class CriticWorker(Worker):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from schemas.topology import COMPUTE_LOG_PROBS, REFERENCE
-from trainer import emit
-from trainer.batch import RolloutBatch
-from trainer.model import build_policy, response_logits, token_log_probs
-from trainer.offload import StateMover
-from trainer.workers.base import Worker, WorkerSpec
+from rlpulse.schemas.topology import COMPUTE_LOG_PROBS, REFERENCE
+from rlpulse.trainer import emit
+from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.model import build_policy, response_logits, token_log_probs
+from rlpulse.trainer.offload import StateMover
+from rlpulse.trainer.workers.base import Worker, WorkerSpec
 
 
 class ReferenceWorker(Worker):

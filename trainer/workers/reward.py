@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from schemas.topology import COMPUTE_REWARDS, REWARD
-from trainer.task import is_correct, score
-from trainer.workers.base import Worker
+from rlpulse.schemas.topology import COMPUTE_REWARDS, REWARD
+from rlpulse.trainer.task import is_correct, score
+from rlpulse.trainer.workers.base import Worker
 
 
 class RewardWorker(Worker):

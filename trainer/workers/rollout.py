@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
-from trainer.model import build_policy
-from trainer.offload import StateMover
-from trainer.rollout import Generation, assemble_batch, encode_prompts, generate_hf
-from trainer.rollout_vllm import VLLMEngine, vllm_available
-from trainer.workers.base import Worker, WorkerSpec
+from rlpulse.schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
+from rlpulse.trainer.model import build_policy
+from rlpulse.trainer.offload import StateMover
+from rlpulse.trainer.rollout import Generation, assemble_batch, encode_prompts, generate_hf
+from rlpulse.trainer.rollout_vllm import VLLMEngine, vllm_available
+from rlpulse.trainer.workers.base import Worker, WorkerSpec
 
 
 class RolloutWorker(Worker):

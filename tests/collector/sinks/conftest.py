@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.sinks.base import SinkContext
-from collector.sinks.jsonl import JsonlSink
-from schemas.metrics import CATALOG
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.jsonl import JsonlSink
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.record import StepRecord
 
 # Every reported name of the catalog (templates by their examples, with "x" for free
 # parameters, and by names a real run logs) plus one outside the catalog.

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
 
-from collector.sinks.base import SinkContext
-from collector.sinks.otlp import OtlpSink, _ns
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
-from schemas.spans import Span
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.otlp import OtlpSink, _ns
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.spans import Span
 from tests.collector.sinks.otlp_receiver import Receiver
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.health import Health
-from collector.promnames import prom_metric
-from collector.sinks.base import SinkContext
-from collector.sinks.prometheus import PrometheusSink
-from schemas import metrics as M
-from schemas.errors import REJECT_REASONS
-from schemas.record import StepRecord
+from rlpulse.collector.health import Health
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.prometheus import PrometheusSink
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.errors import REJECT_REASONS
+from rlpulse.schemas.record import StepRecord
 
 MALFORMED = "rlpulse_collector_malformed_total"
 TOKENS = prom_metric(M.SYSTEM_TOKENS.name).name

@@ -19,12 +19,12 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.discovery import ScrapeTarget
-from collector.promnames import prom_metric
-from collector.sinks.base import SinkContext
-from collector.sinks.prometheus import PrometheusSink
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.discovery import ScrapeTarget
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.prometheus import PrometheusSink
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 
 HEALTH = {
     "messages_received": 12,

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from collector.sinks import promexport
-from collector.sinks.promexport import ProcessSnapshot
+from rlpulse.collector.sinks import promexport
+from rlpulse.collector.sinks.promexport import ProcessSnapshot
 
 
 def test_process_metrics_are_reread_only_after_the_refresh_interval(monkeypatch) -> None:

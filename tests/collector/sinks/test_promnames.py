@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from collector.promnames import prom_metric, sanitize
-from schemas.metrics import CATALOG
+from rlpulse.collector.promnames import prom_metric, sanitize
+from rlpulse.schemas.metrics import CATALOG
 
 VALID = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 

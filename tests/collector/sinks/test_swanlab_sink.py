@@ -14,11 +14,11 @@ import pytest
 from swanlab.proto.swanlab.record.v1.record_pb2 import Record
 from swanlab.sdk.internal.core_python.store import DataStoreReader
 
-from collector.sinks import build_sink
-from collector.sinks.base import SinkContext
-from collector.sinks.swanlab import SwanLabSink
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks import build_sink
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.swanlab import SwanLabSink
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 from tests.collector.sinks.conftest import jsonl_view, make_records
 
 SECRET = "sk-swanlab-test-key-0123456789"  # fake
@@ -86,7 +86,7 @@ def test_steps_of_a_second_run_are_skipped_with_one_warning(
     offline: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     sink = build_sink("swanlab", {"logdir": "sl", "mode": "offline"}, SinkContext())
-    with caplog.at_level(logging.WARNING, logger="collector.sinks.swanlab"):
+    with caplog.at_level(logging.WARNING, logger="rlpulse.collector.sinks.swanlab"):
         _write(sink, [*make_records("a", 2), *make_records("b", 2)])
     assert sorted(_read(offline / "sl")[1]) == [0, 1]
     assert len([r for r in caplog.records if "'b'" in r.getMessage()]) == 1

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from collector.sinks.base import SinkContext
-from collector.sinks.tensorboard import TensorBoardSink
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.tensorboard import TensorBoardSink
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 from tests.collector.sinks.conftest import jsonl_view, make_records
 
 
@@ -72,9 +72,9 @@ def test_the_collector_with_a_tensorboard_sink_does_not_import_torch(tmp_path: P
     # In a fresh interpreter: other tests in this process import torch themselves.
     script = (
         "import sys\n"
-        "from collector.daemon import Collector\n"
-        "from collector.config import CollectorConfig\n"
-        "from schemas.record import StepRecord\n"
+        "from rlpulse.collector.daemon import Collector\n"
+        "from rlpulse.collector.config import CollectorConfig\n"
+        "from rlpulse.schemas.record import StepRecord\n"
         f"c = CollectorConfig.from_mapping({{'bind': 'tcp://127.0.0.1:*', 'track_with': 'tensorboard', "
         f"'tracker_kwargs': {{'log_dir': {str(tmp_path)!r}}}}})\n"
         "col = Collector(c)\n"

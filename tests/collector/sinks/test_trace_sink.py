@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from collector.sinks.trace import TraceSink, trace_path
-from runtools.cli import main as run_tools
-from runtools.timeline import load_trace
-from schemas.record import StepRecord
-from schemas.spans import Span
+from rlpulse.collector.sinks.trace import TraceSink, trace_path
+from rlpulse.runtools.cli import main as run_tools
+from rlpulse.runtools.timeline import load_trace
+from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.spans import Span
 
 
 def record(step: int, run: str = "demo/1") -> StepRecord:

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
-from collector.sinks import build_sink
-from collector.sinks.base import SinkContext
-from collector.sinks.wandb import WandbSink
-from schemas.errors import ConfigError
-from schemas.record import StepRecord
+from rlpulse.collector.sinks import build_sink
+from rlpulse.collector.sinks.base import SinkContext
+from rlpulse.collector.sinks.wandb import WandbSink
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.record import StepRecord
 from tests.collector.sinks.conftest import jsonl_view, make_records
 
 SECRET = "0123456789abcdef0123456789abcdef01234567"  # shaped like a wandb key; fake

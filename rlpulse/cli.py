@@ -1,0 +1,85 @@
+"""The ``rlpulse`` command: one entry point for every tool.
+
+commands:
+  rlpulse collector --config FILE [--bind ADDRESS]   run the collector daemon
+  rlpulse report RUN.jsonl [...]                     a PNG of one run's main curves
+  rlpulse compare A.jsonl B.jsonl [...]              a table comparing runs side by side
+  rlpulse register --url URL --run R --role ROLE ... keep a /metrics endpoint registered
+  rlpulse keygen DIR NAME [--force]                  make a CurveZMQ key pair
+  rlpulse serve --model DIR [...]                    serve a trained policy over HTTP
+  rlpulse train [--config FILE] [...]                the demo PPO/GRPO trainer on Ray
+  rlpulse deploy export DIR                          write the Prometheus, Grafana and compose files
+
+Each command takes ``--help``. Exit status: 0 on success, 2 for a bad configuration or
+usage (the message names the field), as each tool documents.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def _collector(argv: list[str]) -> int:
+    from rlpulse.collector.__main__ import main
+
+    return main(argv)
+
+
+def _tool(name: str) -> Callable[[list[str]], int]:
+    """``report``, ``compare``, ``register`` and ``keygen``: the collector's tools."""
+
+    def run(argv: list[str]) -> int:
+        from rlpulse.collector.__main__ import main
+
+        return main([name, *argv])
+
+    return run
+
+
+def _serve(argv: list[str]) -> int:
+    from rlpulse.trainer.serve.__main__ import main
+
+    return main(argv)
+
+
+def _train(argv: list[str]) -> int:
+    from rlpulse.trainer.__main__ import main
+
+    return main(argv)
+
+
+def _deploy(argv: list[str]) -> int:
+    from rlpulse.deploy.export import main
+
+    return main(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "collector": _collector,
+    "report": _tool("report"),
+    "compare": _tool("compare"),
+    "register": _tool("register"),
+    "keygen": _tool("keygen"),
+    "serve": _serve,
+    "train": _train,
+    "deploy": _deploy,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(f"usage: rlpulse COMMAND [ARGS]\n\n{USAGE}", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        print(
+            f"rlpulse: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} "
+            "(rlpulse --help)",
+            file=sys.stderr,
+        )
+        return 2
+    return command(argv[1:])

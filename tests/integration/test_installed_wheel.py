@@ -1,0 +1,192 @@
+"""rlpulse as a user installs it into their own stack: the wheel holds one top-level package,
+``rlpulse``; installed into a fresh virtual environment outside the repository, and run from a
+working directory that holds packages of its own named ``schemas``, ``trainer``,
+``collector`` and ``producer``, its ``rlpulse collector`` merges two producer processes
+exactly, and ``rlpulse deploy export`` writes rules that promtool accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHADOWS = ("schemas", "trainer", "collector", "producer")
+WHEELHOUSE = ROOT / ".wheelhouse"
+"""The base install's dependencies (``make wheelhouse``): the test runs without a network."""
+
+PRODUCER = textwrap.dedent(
+    """
+    import sys
+    import collector, producer, schemas, trainer  # the user's own packages, not rlpulse's
+    assert all(m.MINE for m in (collector, producer, schemas, trainer))
+    from rlpulse import Producer, Weighted
+    from rlpulse.schemas import metrics as M
+
+    rank = int(sys.argv[2])
+    p = Producer(sys.argv[1], run="mine", role="actor_train", rank=rank, world_size=2)
+    for step in range(3):
+        p.log({M.ACTOR_PG_LOSS.name: Weighted(float(rank + step), 10 * (rank + 1))}, step=step)
+    p.close()
+    sys.exit(0 if p.stats()["unacked"] == 0 else 3)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp_path_factory.mktemp("build"),
+    )
+    (path,) = out.glob("rlpulse-*.whl")
+    return path
+
+
+def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {
+        "rlpulse",
+        wheel.name.split("-py")[0] + ".dist-info",
+    }
+    for wanted in (
+        "rlpulse/producer/client.py",
+        "rlpulse/collector/daemon.py",
+        "rlpulse/schemas/PROTOCOL.md",
+        "rlpulse/trainer/configs/demo.yaml",
+        "rlpulse/deploy/prometheus/rules/rlpulse-rl.yml",
+        "rlpulse/deploy/grafana/dashboards/rlpulse-rl-overview.json",
+    ):
+        assert wanted in names, wanted
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "rlpulse = rlpulse.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_installed_where_packages_of_the_same_names_live(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py, cli = venv / "bin" / "python", venv / "bin" / "rlpulse"
+    if not WHEELHOUSE.is_dir():
+        pytest.skip("no .wheelhouse: `make wheelhouse` (make test does it) downloads the deps")
+    subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--find-links",
+            str(WHEELHOUSE),
+            str(wheel),
+        ],
+        check=True,
+    )
+    work = tmp_path / "work"  # the user's project: its own schemas/, trainer/, ...
+    for name in SHADOWS:
+        (work / name).mkdir(parents=True)
+        (work / name / "__init__.py").write_text("MINE = True\n")
+    (work / "worker.py").write_text(PRODUCER)
+    (work / "collector.yaml").write_text(
+        "track_with: [jsonl]\ntracker_kwargs:\n  jsonl: {path: out.jsonl}\nsettle_s: 0\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(work)  # the user's packages come first on the path
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    collector = subprocess.Popen(
+        [str(cli), "collector", "--config", "collector.yaml", "--bind", address],
+        cwd=work,
+        env=env,
+        stderr=(tmp_path / "collector.log").open("w"),
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1.0)
+        workers = [
+            subprocess.Popen([str(py), "worker.py", address, str(r)], cwd=work, env=env)
+            for r in range(2)
+        ]
+        assert [w.wait(120) for w in workers] == [0, 0]
+    finally:
+        collector.terminate()
+        assert collector.wait(60) == 0, (tmp_path / "collector.log").read_text()
+    records = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records:  # token-weighted: (step * 10 + (step + 1) * 20) / 30
+        step = r["step"]
+        assert not r["partial"]
+        assert r["metrics"]["actor/pg_loss"] == pytest.approx((step * 10 + (step + 1) * 20) / 30)
+
+    exported = tmp_path / "monitoring"
+    done = subprocess.run(
+        [str(cli), "deploy", "export", str(exported)], cwd=work, env=env, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    for path in ("docker-compose.yml", "collector.yaml", "prometheus/prometheus.yml"):
+        assert (exported / path).is_file(), path
+    assert len(list((exported / "grafana" / "dashboards").glob("*.json"))) >= 5
+    again = subprocess.run([str(cli), "deploy", "export", str(exported)], capture_output=True)
+    assert again.returncode == 2 and b"--force" in again.stderr
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed: run scripts/install-system-deps.sh")
+    rules = sorted(str(p) for p in (exported / "prometheus" / "rules").glob("*.yml"))
+    subprocess.run([promtool, "check", "rules", *rules], check=True, capture_output=True)
+    subprocess.run(
+        [promtool, "check", "config", str(exported / "prometheus" / "prometheus.yml")],
+        check=True,
+        capture_output=True,
+    )
+    tests = sorted(str(p) for p in (exported / "prometheus" / "tests").glob("*.yml"))
+    subprocess.run(
+        [promtool, "test", "rules", *tests],
+        check=True,
+        capture_output=True,
+        cwd=exported / "prometheus" / "tests",
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_pyproject_lists_every_package_folder() -> None:
+    """The wheel's package list (mapped folders, ``pyproject.toml``) names every folder with
+    an ``__init__.py`` under them: a new subpackage cannot be left out of the wheel."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for package, folder in setup["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            if "__pycache__" not in rel and init.parent.name != "grafana":
+                found.add(".".join((package, *rel)))
+    assert found == set(setup["packages"])
