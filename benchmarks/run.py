@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     # name: (arguments, timeout in seconds)
     "caller_cost": (["--rounds", "20"], 420),
     "ingest": ([], 600),
+    "paced": ([], 420),
     "latency": ([], 300),
     "tiers": ([], 420),
     "overhead": ([], 420),

@@ -26,6 +26,7 @@ from rlpulse.collector.derived import Throughput
 from rlpulse.collector.health import Health
 from rlpulse.collector.membership import FINISHED, Membership, ProducerInfo
 from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.sketches import by_table_row
 from rlpulse.collector.spans import SpanReader
 from rlpulse.collector.steps import HARD_OPEN_FACTOR, RunSteps, StepState
 from rlpulse.schemas import protocol
@@ -120,8 +121,9 @@ class Aggregator:
                 self._conflict(prod, len(msg.entries), replay)  # type: ignore[union-attr]
                 return
             bit = self.membership.runs[prod.run].role_bits[prod.role]
-            for entry in msg.entries:  # type: ignore[union-attr]
-                self._entry(run, prod, bit, entry, now, position, replay)
+            sketches = by_table_row(msg.sketches, len(msg.entries))  # type: ignore[union-attr]
+            for entry, sketch in zip(msg.entries, sketches, strict=True):  # type: ignore[union-attr]
+                self._entry(run, prod, bit, entry, now, position, replay, sketch)
             if msg.done >= 0:  # type: ignore[union-attr]
                 self._advance(prod, msg.done, now)  # type: ignore[union-attr]
         elif kind is protocol.Delta:
@@ -200,6 +202,7 @@ class Aggregator:
         now: float,
         position: object,
         replay: bool,
+        sketches: dict[int, bytes] | None = None,
     ) -> None:
         if not replay:
             self.health.events_received += 1
@@ -230,7 +233,7 @@ class Aggregator:
                 prod.late += 1
                 self._late(run, f"{prod.role}/{prod.rank} (restarted)", step)
             return
-        run.add(state, table, values, role_bit, prod.pid, t, nonfinite)
+        run.add(state, table, values, role_bit, prod.pid, t, nonfinite, sketches)
         spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
         if spans:
             state.spans += spans
@@ -302,7 +305,9 @@ class Aggregator:
             self.health.reject("bad_field")
             return
         run, members = self._run(name), self.membership.runs[name]
-        for step, t_first, t_last, table_id, values, nonfinite, pids, owners in msg.entries:
+        sketches = by_table_row(msg.sketches, len(msg.entries))
+        for i, entry in enumerate(msg.entries):
+            step, t_first, t_last, table_id, values, nonfinite, pids, owners = entry
             if not replay:
                 self.health.events_received += 1
             table = relay.tables.get(table_id)
@@ -315,7 +320,9 @@ class Aggregator:
             if state is None:
                 continue
             row_roles = np.array([members.bits_of(o) for o in owners], dtype=np.int64)
-            run.add_merged(state, table, values, row_roles, pids, (t_first, t_last), nonfinite)
+            run.add_merged(
+                state, table, values, row_roles, pids, (t_first, t_last), nonfinite, sketches[i]
+            )
         for step, span in msg.spans:
             state = run.steps.get(step)  # opened by the step's entries, unless they came late
             if state is not None:
@@ -341,7 +348,6 @@ class Aggregator:
         for name, run in list(self.steps.items()):
             if not run.steps:
                 continue
-            run.merge_pending()
             members = self.membership.runs[name]
             due = run.due(
                 members,
@@ -367,6 +373,8 @@ class Aggregator:
         """Roles of ``state`` with more contributing processes than their world size (which
         withdrawal at takeovers prevents for direct producers): as slots to name missing."""
         members = self.membership.runs[run.name]
+        if len(state.contributors) <= len(members.expected()) and not state.tainted:
+            return set()  # the common case: no more processes than ranks in all
         per_role: dict[str, int] = {}
         producers = self.membership.producers
         for pid in state.contributors:
@@ -378,6 +386,7 @@ class Aggregator:
         }
 
     def _emit(self, run: RunSteps, state: StepState, missing: set) -> None:
+        run.merge_step(state.step)
         over = self._overcounted(run, state)
         if over:
             self.health.overcounted_steps += 1
@@ -404,6 +413,7 @@ class Aggregator:
             time=state.t_last,
             roles=roles,
             spans=tuple(state.spans),
+            distributions=run.distributions(state),
         )
         self.health.steps_emitted += 1
         if record.partial:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -54,6 +55,10 @@ from rlpulse.schemas.metrics import CATALOG
 
 log = logging.getLogger("rlpulse.collector")
 POLL_MS = 20
+SETTLE_S = 0.002
+"""Emitting, making durable and acknowledging run at most this often while messages stream
+in (once per message was a fixed cost of every message); a step goes out at most this much
+later than the data that completes it."""
 BATCH = 2000
 """Messages received between two checks of the step timers."""
 RETRY_S = 1.0
@@ -131,7 +136,7 @@ class Collector:
         )
         if isinstance(self.aggregator, RelayAggregator):
             self.aggregator.relay_id = relay
-        self.delivery = Delivery(self.health)
+        self.delivery = Delivery(self.health, clock=clock)
         self.limits = protocol.Limits(
             max_bytes=config.max_message_bytes,
             max_names=config.max_names_per_entry,
@@ -293,13 +298,20 @@ class Collector:
             f"; state in {self.config.state_dir}" if self.durable else "",
             "; CurveZMQ on" if self.config.curve is not None else "",
         )
+        clock, next_settle, received = self._clock, 0.0, False
         try:
             while not self._stop.is_set():
                 if self._stalled_since is not None:
                     self._stop.wait(RETRY_S)  # receive nothing the log could not take
-                elif poller.poll(POLL_MS):
-                    self._receive(BATCH)
-                self._settle()
+                else:
+                    # With data in hand, wait only until the next settle is due.
+                    wait_ms = (next_settle - clock()) * 1000 if received else POLL_MS
+                    if poller.poll(max(0, min(POLL_MS, math.ceil(wait_ms)))):
+                        received = self._receive(BATCH) > 0 or received
+                now = clock()
+                if now >= next_settle or not received:
+                    self._settle()
+                    next_settle, received = now + SETTLE_S, False
         finally:
             self.close()
 
@@ -352,7 +364,9 @@ class Collector:
             self._save()
         if self._stalled_since is None:
             self.receiver.acknowledge(
-                self.delivery.acks(self.aggregator.feedback, self.aggregator.has_room)
+                self.delivery.acks(
+                    self.aggregator.feedback, self.aggregator.has_room, everything=True
+                )
             )
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:

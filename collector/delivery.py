@@ -20,6 +20,7 @@ restarted without the rejection (acknowledged, never in its write-ahead log) cat
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from rlpulse.collector.health import Health
@@ -31,6 +32,15 @@ HELLOS = (protocol.Hello, protocol.RelayHello)
 """Registrations: a producer's, or a relay's (a relay is one producer to the collector above)."""
 MAX_HELD = 10_000
 """Messages kept for producers whose hello has not arrived yet (more are dropped, resent)."""
+ACK_DELAY_S = 0.5
+"""How late data may be acknowledged: acknowledgements are cumulative, so a producer gets at
+most one per interval, not one per message (a send per message was most of the collector's
+cost at training pace). Registrations, goodbyes, repeats, relays' deltas and producers
+waiting in ``flush()``/``close()`` (a heartbeat with ``flush``) are acknowledged at once.
+Well below the producers' ``resend_s``."""
+URGENT = (protocol.Bye, protocol.Delta, protocol.Rejected)
+"""Data messages acknowledged at once: a goodbye (``close()`` waits), a relay's delta (the
+relay sends the next only then), a rejection (the producer counts it)."""
 MAX_HELD_BYTES = 64 * 1024 * 1024
 """Bytes kept for producers whose hello has not arrived yet: the bound that matters when
 their messages are large (60 messages of 8 MiB would be half a gigabyte)."""
@@ -47,8 +57,12 @@ class Delivery:
         health: Health | None = None,
         max_held: int = MAX_HELD,
         max_held_bytes: int = MAX_HELD_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+        ack_delay_s: float = ACK_DELAY_S,
     ) -> None:
         self.health = health or Health()
+        self.clock = clock
+        self.ack_delay_s = ack_delay_s
         self.max_held = max_held
         self.max_held_bytes = max_held_bytes
         self._held_bytes = 0
@@ -60,7 +74,8 @@ class Delivery:
         self.identity: dict[int, bytes] = {}
         self._held: dict[int, list[tuple[Incoming, bytes]]] = {}
         self._held_count = 0
-        self._to_ack: set[int] = set()
+        self._to_ack: dict[int, float] = {}
+        """Producers owed an acknowledgement, and by when."""
         self.rejected: dict[int, int] = {}
         """Per producer, entries of its messages that were rejected (told in its acks)."""
         self._ratelog = RateLimitedLog(log)
@@ -79,7 +94,7 @@ class Delivery:
         pid = msg.producer
         if isinstance(msg, HELLOS):
             self.identity[pid] = identity
-            self._to_ack.add(pid)
+            self._to_ack[pid] = 0.0
             out = [(msg, raw)]
             if pid not in self.last_seq:
                 self.last_seq[pid] = msg.seq - 1
@@ -97,6 +112,8 @@ class Delivery:
         self.identity[pid] = identity
         if isinstance(msg, SEQUENCED):
             return self._sequenced(msg, raw, admit)
+        if type(msg) is protocol.Heartbeat and msg.flush:
+            self._to_ack[pid] = 0.0
         return [(msg, raw)]
 
     def _hold(self, msg: Incoming, raw: bytes) -> None:
@@ -123,7 +140,7 @@ class Delivery:
         last = self.last_seq[pid]
         if msg.seq <= last:
             self.health.duplicates += 1
-            self._to_ack.add(pid)
+            self._to_ack[pid] = 0.0  # a resend: it waits for this
             return []
         if msg.seq > last + 1:
             if pid not in self._held_back:  # behind a held-back message: expected
@@ -137,7 +154,9 @@ class Delivery:
             return []
         self._held_back.discard(pid)
         self.last_seq[pid] = msg.seq
-        self._to_ack.add(pid)
+        due = 0.0 if isinstance(msg, URGENT) else self.clock() + self.ack_delay_s
+        if due < self._to_ack.get(pid, due + 1.0):
+            self._to_ack[pid] = due
         if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
             self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
             return []
@@ -164,19 +183,25 @@ class Delivery:
         self,
         feedback: Callable[[int], tuple[int, int, str]] | None = None,
         has_room: Callable[[int], bool] | None = None,
+        everything: bool = False,
     ) -> list[tuple[bytes, bytes]]:
-        """(identity, ack message) for every producer with newly applied or repeated data.
-        Call only once what they acknowledge is in the write-ahead log. ``feedback`` gives
-        what each ack also tells its producer: its entries left out as late and as
-        conflicts, and the run it is recorded under (``Aggregator.feedback``). Producers held
-        back whose run has room again (``has_room``) are asked to resend now."""
+        """(identity, ack message) for every producer whose acknowledgement is due (all of
+        them with ``everything``: at shutdown). Call only once what they acknowledge is in
+        the write-ahead log. ``feedback`` gives what each ack also tells its producer: its
+        entries left out as late and as conflicts, and the run it is recorded under
+        (``Aggregator.feedback``). Producers held back whose run has room again
+        (``has_room``) are asked to resend now."""
         wake = set()
         if self._held_back and has_room is not None:
             wake = {pid for pid in self._held_back if has_room(pid)}
             self._held_back -= wake
         hold, self._tell_hold = self._tell_hold - wake, set()
+        now = self.clock()
+        due = [p for p, t in self._to_ack.items() if everything or t <= now]
+        for pid in due:
+            del self._to_ack[pid]
         out = []
-        for pid in self._to_ack | wake | hold:
+        for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)
             if identity is not None:
                 extra = feedback(pid) if feedback is not None else (0, 0, "")
@@ -185,7 +210,6 @@ class Delivery:
                     pid, self.last_seq[pid], *extra, rejected, resend=pid in wake, hold=pid in hold
                 )
                 out.append((identity, ack))
-        self._to_ack.clear()
         return out
 
     def snapshot(self) -> dict[str, int]:

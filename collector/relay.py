@@ -44,6 +44,7 @@ from rlpulse.collector.membership import ProducerInfo, Slot
 from rlpulse.collector.steps import RunSteps, StepState
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import Member, Table, TableDecl
+from rlpulse.schemas.sketch import encode as encode_sketch
 
 log = logging.getLogger("rlpulse.collector.relay")
 FORWARDED_STEPS = 4096
@@ -228,6 +229,7 @@ class RelayAggregator(Aggregator):
         return number
 
     def _emit(self, run: RunSteps, state: StepState, missing: set) -> None:
+        run.merge_step(state.step)
         members = self.membership.runs[run.name]
         forwarded = self.forwarded[run.name]
         touched = np.flatnonzero(state.touched[: len(run.names)])
@@ -236,7 +238,7 @@ class RelayAggregator(Aggregator):
         run.last_emitted = max(run.last_emitted, state.step)
         covered = state.done - forwarded.slots.get(state.step, set())
         forwarded.add(state.step, covered)
-        entries = []
+        entries, sketches = [], []
         if len(touched):
             names = tuple(run.names[j] for j in touched.tolist())
             kinds = bytes(int(run.resolved[j].reduction) for j in touched.tolist())
@@ -255,6 +257,11 @@ class RelayAggregator(Aggregator):
                     owners,
                 )
             )
+            sketches = [  # the merged quantile sketches of its distribution metrics
+                (0, row, encode_sketch(state.sketches[j]))
+                for row, j in enumerate(touched.tolist())
+                if j in state.sketches
+            ]
         marks = []
         for slot in covered:
             pid = members.slots[slot]
@@ -267,13 +274,19 @@ class RelayAggregator(Aggregator):
             self._send(RelayRecord("announce", tables=tuple(self._dirty)))
             self._dirty = []
         spans = [(state.step, span) for span in state.spans]
-        self._forward(run.name, state.step, entries, marks, spans)
+        self._forward(run.name, state.step, entries, marks, spans, sketches)
 
     def _forward(
-        self, run: str, step: int, entries: list, marks: list, spans: list | None = None
+        self,
+        run: str,
+        step: int,
+        entries: list,
+        marks: list,
+        spans: list | None = None,
+        sketches: list | None = None,
     ) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        delta = protocol.Delta(self.relay_id, seq, run, entries, marks, spans or [])
+        delta = protocol.Delta(self.relay_id, seq, run, entries, marks, spans or [], sketches or [])
         message = protocol.encode(delta)
         self._send(RelayRecord("delta", seq=seq, run=run, step=step, message=message))
 

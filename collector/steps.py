@@ -28,9 +28,12 @@ import numpy as np
 from rlpulse.collector.health import Health
 from rlpulse.collector.membership import Members, Slot
 from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.sketches import merge_into, read as read_quantile
 from rlpulse.schemas.catalog import Catalog, Resolved
+from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Table
-from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.reductions import QUANTILE_STATS, Reduction, Stat
+from rlpulse.schemas.sketch import encode as encode_sketch
 from rlpulse.schemas.spans import Span
 from rlpulse.schemas.values import (
     MAX,
@@ -41,13 +44,22 @@ from rlpulse.schemas.values import (
     empty_rows,
     invalid_rows,
     merge_rows,
-    read_row,
+    read_rows,
 )
 
 log = logging.getLogger("rlpulse.collector")
 HARD_OPEN_FACTOR = 8
 """Open steps beyond ``max_open_steps`` times this are emitted partial, oldest first: the
 bound that holds even when producers' batches overshoot the window."""
+_COLUMNS = (Stat.MEAN, Stat.FRACTION, Stat.SUM, Stat.LAST, Stat.MIN, Stat.MAX)
+"""The statistics :func:`~rlpulse.schemas.values.read_rows` gives, in a fixed order."""
+
+
+def _column(stat: Stat) -> int:
+    """Where ``stat`` is in :data:`_COLUMNS`; a quantile logged on its own reads the max."""
+    return _COLUMNS.index(stat) if stat in _COLUMNS else _COLUMNS.index(Stat.MAX)
+
+
 MAX_LAYOUTS = 4096
 """Name tables whose row mapping is cached per run."""
 
@@ -83,6 +95,8 @@ class StepState:
     tainted: set[Slot] = field(default_factory=set)
     """Slots with data of a replaced process that could not be withdrawn (merged by a relay
     with other ranks'): the step is emitted partial, naming them."""
+    sketches: dict[int, np.ndarray] = field(default_factory=dict)
+    """Per row of a distribution metric, its merged quantile sketch (``collector.sketches``)."""
 
     def grow(self, n: int) -> None:
         """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""
@@ -144,7 +158,10 @@ class RunSteps:
         self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
         self.steps: dict[int, StepState] = {}
         self.last_emitted = -1
-        self._pending: dict[tuple[int, int], _Group] = {}
+        self._pending: dict[int, dict[int, _Group]] = {}
+        """Entries waiting to be merged: by step, then by layout (``id``)."""
+        self._plans: list[tuple[tuple[str, int, Stat], ...]] = []
+        """Per name (row), how :meth:`close` reads each of its outputs."""
         self._ratelog = RateLimitedLog(log)
 
     # ------------------------------------------------------------------ names
@@ -173,7 +190,9 @@ class RunSteps:
             self.index[name] = j
             self.names.append(name)
             self.resolved.append(resolved)
-        if int(self.resolved[j].reduction) != kind:
+        if int(self.resolved[j].reduction) != kind and not (
+            kind == Reduction.MEAN and self.resolved[j].reduction is Reduction.DIST
+        ):  # a distribution's row is a pooled mean: producers send it as MEAN
             self.health.kind_mismatch += 1
             self._ratelog.warn(
                 f"kind:{name}",
@@ -227,13 +246,17 @@ class RunSteps:
         pid: int,
         t: float,
         nonfinite: Mapping[str, int],
+        sketches: Mapping[int, bytes] | None = None,
     ) -> None:
         """One entry for ``state``: its values wait to be merged with the others of the same
-        step and table (:meth:`merge_pending`); the rest is noted now."""
+        step and table (:meth:`merge_pending`); the rest is noted now. ``sketches`` are the
+        quantile sketches of its distribution metrics, by table row."""
         group = self._group(state, table, values)
         if group is None:
             return
-        state.inputs.append((pid, table, values, role_bit, t, nonfinite))
+        if sketches:
+            self._sketch(state, table, sketches)
+        state.inputs.append((pid, table, values, role_bit, t, nonfinite, sketches))
         group.roles |= 1 << role_bit
         if nonfinite:
             state.nonfinite.update(nonfinite)
@@ -252,20 +275,37 @@ class RunSteps:
         pids: Iterable[int],
         times: tuple[float, float],
         nonfinite: Mapping[str, int],
+        sketches: Mapping[int, bytes] | None = None,
     ) -> None:
         """A relay's entry: several producers' data already merged, with the roles behind each
         row and the first and last ``log()`` times."""
         group = self._group(state, table, values)
         if group is None:
             return
+        if sketches:
+            self._sketch(state, table, sketches)
         pids = tuple(pids)
-        state.inputs.append((pids, table, values, row_roles, times, nonfinite))
+        state.inputs.append((pids, table, values, row_roles, times, nonfinite, sketches))
         group.row_roles = row_roles if group.row_roles is None else group.row_roles | row_roles
         if nonfinite:
             state.nonfinite.update(nonfinite)
         state.contributors.update(pids)
         state.t_first = min(state.t_first, times[0])
         state.t_last = max(state.t_last, times[1])
+
+    def _sketch(self, state: StepState, table: Table, sketches: Mapping[int, bytes]) -> None:
+        """Merge an entry's sketches (table row -> bytes) into the step's, for the rows that
+        are distribution metrics here (others are ignored); a malformed one is counted."""
+        by_row: dict[int, bytes] = {}
+        for r, buf in sketches.items():
+            j = self.index.get(table.names[r]) if r < table.size else None
+            if j is not None and self.resolved[j].reduction is Reduction.DIST:
+                by_row[j] = buf
+        try:
+            merge_into(state.sketches, by_row)
+        except SchemaError as exc:
+            self.health.reject(exc.reason)
+            self._ratelog.warn("bad-sketch", f"rejected an entry's sketches: {exc}")
 
     def _group(self, state: StepState, table: Table, values: bytes) -> _Group | None:
         if len(values) != table.nbytes:
@@ -276,19 +316,27 @@ class RunSteps:
             )
             return None
         layout = self.layout(table)
-        key = (state.step, id(layout))
-        group = self._pending.get(key)
+        groups = self._pending.get(state.step)
+        if groups is None:
+            groups = self._pending[state.step] = {}
+        group = groups.get(id(layout))
         if group is None:
-            group = self._pending[key] = _Group(state, layout)
+            group = groups[id(layout)] = _Group(state, layout)
         group.blobs.append(values)
         return group
 
     def merge_pending(self) -> None:
-        """Merge every waiting entry into its step: per (step, table), the entries' rows are
-        checked and reduced together (sum, weight, min, max over the entries; the last one
-        for ``LAST`` metrics), then merged once."""
-        pending, self._pending = self._pending, {}
-        for group in pending.values():
+        """Merge every waiting entry into its step (:meth:`merge_step` for every step)."""
+        for step in list(self._pending):
+            self.merge_step(step)
+
+    def merge_step(self, step: int) -> None:
+        """Merge the entries waiting for ``step``: per table, the entries' rows are checked
+        and reduced together (sum, weight, min, max over the entries; the last one for
+        ``LAST`` metrics), then merged once. Entries wait until their step is emitted (or
+        withdrawn from), so a step's entries are merged in one pass however they arrived:
+        merging as they came cost a few numpy calls per message."""
+        for group in self._pending.pop(step, {}).values():
             self._merge_group(group)
 
     def _merge_group(self, group: _Group) -> None:
@@ -363,12 +411,13 @@ class RunSteps:
         state.roles = np.zeros(n, dtype=np.int64)
         state.contributors, state.nonfinite = set(), Counter()
         state.t_first, state.t_last, state.inputs = math.inf, -math.inf, []
+        state.sketches = {}
         for item in inputs:
             if type(item[0]) is tuple:
-                pids, table, values, row_roles, times, nonfinite = item
-                self.add_merged(state, table, values, row_roles, pids, times, nonfinite)
+                pids, table, values, row_roles, times, nonfinite, sketches = item
+                self.add_merged(state, table, values, row_roles, pids, times, nonfinite, sketches)
             else:
-                self.add(state, item[1], item[2], item[3], item[0], item[4], item[5])
+                self.add(state, item[1], item[2], item[3], item[0], item[4], item[5], item[6])
 
     def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
         """``slot`` has finished every step in ``(old, watermark]``."""
@@ -422,6 +471,10 @@ class RunSteps:
             if slot in state.done and members.slots.get(slot) not in state.contributors
         }
 
+    def distributions(self, state: StepState) -> dict[str, bytes]:
+        """The step's merged sketches by distribution name, in wire form (for the sinks)."""
+        return {self.names[j]: encode_sketch(c) for j, c in state.sketches.items()}
+
     def close(self, state: StepState, members: Members) -> tuple[dict[str, float], dict[str, str]]:
         """Remove an emitted step; return its metrics and the role(s) behind each."""
         del self.steps[state.step]
@@ -432,13 +485,36 @@ class RunSteps:
         touched = np.flatnonzero(state.touched[: len(self.names)])
         # Python numbers, read once: per-element numpy reads cost more than the maths.
         all_rows, all_bits = state.rows[touched].tolist(), state.roles[touched].tolist()
-        for j, row, bits in zip(touched.tolist(), all_rows, all_bits, strict=True):
+        by_stat = read_rows(state.rows[touched])
+        columns = [by_stat[stat] for stat in _COLUMNS]
+        plans, plan_of = self._plans, self._plan
+        for i, (j, bits) in enumerate(zip(touched.tolist(), all_bits, strict=True)):
             owner = owners.get(bits)
             if owner is None:
                 owner = owners[bits] = members.role_names(bits)
-            for stat, out in self.resolved[j].outputs.items():
-                value = read_row(row, stat)
-                if value is not None:
-                    metrics[out] = value
-                    roles[out] = owner
+            for out, column, stat in plans[j] if j < len(plans) else plan_of(j):
+                if column < 0:  # a distribution's quantile, read off its sketch
+                    value = read_quantile(state.sketches.get(j), all_rows[i], stat)
+                    if value is None:
+                        continue
+                else:
+                    value = columns[column][i]
+                    if value != value:  # NaN: not defined by the samples
+                        continue
+                metrics[out] = value
+                roles[out] = owner
         return metrics, roles
+
+    def _plan(self, j: int) -> tuple[tuple[str, int, Stat], ...]:
+        """Name ``j``'s outputs as (name, column of ``read_rows``, statistic); column -1 for
+        a distribution's quantiles (cached per name and run)."""
+        while len(self._plans) <= j:
+            resolved = self.resolved[len(self._plans)]
+            dist = resolved.reduction is Reduction.DIST
+            self._plans.append(
+                tuple(
+                    (out, -1 if dist and stat in QUANTILE_STATS else _column(stat), stat)
+                    for stat, out in resolved.outputs.items()
+                )
+            )
+        return self._plans[j]

@@ -36,6 +36,7 @@ from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue, reduce_value
 from rlpulse.producer.sender import DONE, FLUSH, LOG, Sender
+from rlpulse.producer.sketch import dist_names, snapshot_value
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.producer.transport import CurveKeys, Transport, ZmqTransport
 from rlpulse.schemas.catalog import Catalog
@@ -151,6 +152,7 @@ class Producer:
             resume=resume_from_env() if resume is None else bool(resume),
         )
         declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
+        self._dists = dist_names(catalog)  # names whose samples are also sketched
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
@@ -233,7 +235,9 @@ class Producer:
                     if device and device.owns(value):
                         if call is None:
                             call = device.call()
-                        payload[name] = call.add(value)
+                        payload[name] = call.add(value, sketch=name in self._dists)
+                    elif name in self._dists:
+                        payload[name] = snapshot_value(value)  # sketched by the sender
                     else:
                         payload[name] = reduce_value(value)
                 except InvalidValue as exc:

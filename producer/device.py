@@ -42,6 +42,7 @@ from rlpulse.producer.reduce import (
     weighted_state,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
+from rlpulse.schemas.sketch import SLOTS, encode as encode_sketch, torch_counts
 
 
 def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
@@ -70,15 +71,30 @@ def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
     )
 
 
+def sketch_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
+    """The quantile sketch (``rlpulse.schemas.sketch``) of the finite samples of ``values``
+    where ``mask`` is true: :data:`SLOTS` float64 counts on the tensor's device, queued
+    kernels only (as :func:`reduce_tensor`)."""
+    v = values.reshape(-1)
+    valid = torch.isfinite(v) if v.is_floating_point() else torch.ones_like(v, dtype=torch.bool)
+    if mask is not None:
+        valid &= mask.reshape(-1).to(torch.bool)
+    return torch_counts(torch, v, valid)
+
+
 class _ArrayRef:
     __slots__ = ("batch", "index")
 
     def __init__(self, batch: DeviceBatch, index: int) -> None:
         self.batch, self.index = batch, index
 
-    def state(self) -> Reduced:
+    def state(self) -> Reduced | tuple:
         s, w, mn, mx, nf = self.batch.row(self.index)
-        return finish(s, w, mn, mx, int(nf))
+        reduced = finish(s, w, mn, mx, int(nf))
+        counts = self.batch.sketch(self.index)
+        if counts is None or reduced[0].weight <= 0:
+            return reduced
+        return (*reduced, encode_sketch(counts))
 
 
 class _ScalarRef:
@@ -124,6 +140,10 @@ class DeviceBatch:
         self.device = device
         self._arrays: list[Any] = []
         """Per array: a snapshot ``(values, mask)`` to reduce, or its row, reduced inline."""
+        self._sketches: dict[int, Any] = {}
+        """Arrays of distribution metrics: index -> None (sketch the snapshot in
+        :meth:`launch`) or the sketch, computed inline with the row past the budget."""
+        self._sketch_at: dict[int, int] = {}
         self._groups: dict[Any, list[Any]] = {}
         self._slots: list[tuple[Any, int]] = []
         self._stacks: list[Any] = []
@@ -136,7 +156,7 @@ class DeviceBatch:
 
     # ---- the caller's side
 
-    def add_array(self, values: Any, mask: Any | None) -> _ArrayRef | Known:
+    def add_array(self, values: Any, mask: Any | None, sketch: bool = False) -> _ArrayRef | Known:
         ctx, torch = self.context, self.context.ops.torch
         values = values.detach()
         if mask is not None:
@@ -152,7 +172,11 @@ class DeviceBatch:
                 mask = ctx.move(mask.detach(), values.device)
             else:
                 mask = mask.detach()
-        self._arrays.append(ctx.snapshot(values, mask, self))
+        item = ctx.snapshot(values, mask, self)
+        self._arrays.append(item)
+        if sketch:  # past the budget (no snapshot): sketched inline, as the row was
+            inline = None if isinstance(item, tuple) else sketch_tensor(torch, values, mask)
+            self._sketches[len(self._arrays) - 1] = inline
         return _ArrayRef(self, len(self._arrays) - 1)
 
     def add_scalar(self, tensor: Any) -> _ScalarRef:
@@ -199,6 +223,16 @@ class DeviceBatch:
                 for stack in self._stacks:
                     ops.keep(stack, self.device)
                     parts.append(stack.to(torch.float64))
+                at = 5 * len(self._arrays) + sum(len(stack) for stack in self._stacks)
+                for index, inline in self._sketches.items():
+                    if inline is None:
+                        values, mask = self._arrays[index]
+                        inline = sketch_tensor(torch, values, mask)
+                    else:
+                        ops.keep(inline, self.device)
+                    parts.append(inline)
+                    self._sketch_at[index] = at
+                    at += SLOTS
                 self._host = ops.to_host(torch.cat(parts) if len(parts) > 1 else parts[0])
                 self._done = ops.marker(self.device)
         finally:
@@ -208,7 +242,7 @@ class DeviceBatch:
         """Drop the snapshots (reduced, or never to be) and give their bytes back."""
         self.context.released(self._bytes)
         self._bytes = 0
-        self._arrays, self._stacks = [], []
+        self._arrays, self._stacks, self._sketches = [], [], {}
 
     def ready(self) -> bool:
         return self._done is not None and self._done.query()
@@ -226,6 +260,13 @@ class DeviceBatch:
 
     def row(self, index: int) -> list[float]:
         return self._read()[5 * index : 5 * index + 5].tolist()
+
+    def sketch(self, index: int) -> np.ndarray | None:
+        """The sketch counts of array ``index``, when it is a distribution metric's."""
+        at = self._sketch_at.get(index)
+        if at is None:
+            return None
+        return self._read()[at : at + SLOTS].astype(np.int64)
 
     def scalar(self, index: int) -> float:
         return float(self._read()[self._scalar_at[index]])
@@ -312,8 +353,9 @@ class DeviceCall:
             return self._batch(part.device).add_scalar(part)
         return host_scalar(part, what)
 
-    def add(self, value: Any) -> DeviceValue:
-        """Take one value :meth:`DeviceContext.owns`; raise InvalidValue as ``log()`` would."""
+    def add(self, value: Any, sketch: bool = False) -> DeviceValue:
+        """Take one value :meth:`DeviceContext.owns`; raise InvalidValue as ``log()`` would.
+        ``sketch``: a distribution metric's, whose samples are also sketched."""
         ops = self.context.ops
         if isinstance(value, Weighted):
             return _PairRef(
@@ -331,9 +373,9 @@ class DeviceCall:
         if not (isinstance(values, ops.torch.Tensor) and ops.owns(values)):
             # Only the mask is on the device: bring the values there.
             values = self.context.move(ops.torch.as_tensor(np.asarray(values)), mask.device)
-        if values.numel() == 1 and mask is None:
+        if values.numel() == 1 and mask is None and not sketch:
             return self._batch(values.device).add_scalar(values)
-        return self._batch(values.device).add_array(values, mask)
+        return self._batch(values.device).add_array(values, mask, sketch)
 
     def abandon(self) -> None:
         """The call failed half-way: give back what its snapshots took."""

@@ -23,12 +23,15 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from rlpulse.producer.reduce import InvalidValue
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
 from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.sketch import counts_of, encode as encode_sketch
 from rlpulse.schemas.values import Summary
 
 INVALID = object()
@@ -36,6 +39,8 @@ INVALID = object()
 _BIG_ENDIAN = sys.byteorder != "little"
 _NUMBER = (float, int)
 _LAST = int(Reduction.LAST)
+_DIST = int(Reduction.DIST)
+_MEAN = int(Reduction.MEAN)
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
 _BAD_NAME = -1
@@ -101,6 +106,7 @@ class Encoder:
         kinds = bytearray()
         vals = array.array("d")
         nonfinite: dict[str, int] = {}
+        sketches: dict[int, bytes] = {}  # table row -> sketch, of distribution metrics
         c = self.counters
         known = self._kinds
         most = self.limits.max_names
@@ -120,15 +126,17 @@ class Encoder:
                     c.nonfinite += 1
                     continue
                 state, nf = Summary.of_scalar(x), 0
-            elif type(v) is tuple:
-                state, nf = v
+                if code == _DIST:
+                    v = (state, nf, sketch_of_number(x))
             else:
                 try:
-                    state, nf = v.state()  # a GPU value, ready by now
+                    if type(v) is not tuple:
+                        v = v.state()  # a GPU value, ready by now
                 except InvalidValue as exc:
                     c.invalid += 1
                     self.warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
                     continue
+                state, nf = v[0], v[1]
             if nf:
                 nonfinite[name] = nf
                 c.nonfinite += nf
@@ -150,6 +158,10 @@ class Encoder:
                     "invalid)",
                 )
                 continue
+            if code == _DIST:  # the row merges as a mean; the sketch rides beside it
+                if type(v) is tuple and len(v) > 2:
+                    sketches[len(names)] = v[2]
+                code = _MEAN
             vals.extend(state)
             names.append(name)
             kinds.append(code)
@@ -160,7 +172,7 @@ class Encoder:
             return None
         if _BIG_ENDIAN:
             vals.byteswap()
-        return protocol.pack_entry(step, t, table, vals.tobytes(), nonfinite)
+        return protocol.pack_entry(step, t, table, vals.tobytes(), nonfinite, sketches)
 
     def _table(self, names: list[str], kinds: bytearray) -> int | None:
         key = tuple(names)
@@ -199,3 +211,8 @@ def _encodable(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def sketch_of_number(x: float) -> bytes:
+    """The sketch of one sample (a number logged under a distribution metric)."""
+    return encode_sketch(counts_of(np.array([x])))

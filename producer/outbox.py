@@ -156,6 +156,11 @@ class Outbox:
         else:
             self._flush_waiters.append((target, event))
 
+    @property
+    def awaited(self) -> bool:
+        """A ``flush()`` waits for acknowledgements."""
+        return bool(self._flush_waiters)
+
     def release_waiters(self) -> None:
         """Closing: wake every flush, acknowledged or not."""
         for _, event in self._flush_waiters:

@@ -24,9 +24,10 @@ from collections import deque
 from collections.abc import Callable
 
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.encode import Encoder
+from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.outbox import Outbox, Registration
+from rlpulse.producer.sketch import Samples
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.transport import Link, Transport, TransportError
 from rlpulse.schemas import protocol
@@ -44,6 +45,9 @@ POLL_S = 0.1
 """Longest sleep of the sender: acknowledgements and the connection are checked this often."""
 GPU_POLL_S = 0.002
 """How often the sender looks at CUDA events while log() calls wait for their GPU values."""
+ASK_ACK_S = 0.05
+"""While a ``flush()`` or ``close()`` waits, how often to ask the collector to acknowledge at
+once (it otherwise may wait ``collector.delivery.ACK_DELAY_S``)."""
 COALESCE_S = 0.0005
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
 
@@ -91,6 +95,7 @@ class Sender(threading.Thread):
         self._step: tuple[int, float] | None = None
         """The latest step a log() call reached the sender with, and that call's time."""
         self._done_through = -1
+        self._next_ask = 0.0
         self.recorded_run = ""
         """The run the collector records us under, when it says it is not ours (an attempt)."""
         self._told = {"dropped_late": 0, "dropped_conflict": 0, "dropped_rejected": 0}
@@ -326,6 +331,17 @@ class Sender(threading.Thread):
             f"a log() call's GPU values could not be read ({exc!r}); that call is dropped",
         )
 
+    def _sketch(self, payload: dict) -> None:
+        """Sketch the distribution samples ``log()`` copied (``producer.sketch.Samples``)."""
+        for name, value in payload.items():
+            if type(value) is Samples:
+                try:
+                    payload[name] = value.reduce()
+                except Exception as exc:  # counted; the call's other values still go
+                    payload[name] = INVALID
+                    self.counters.invalid += 1
+                    self.warn_once(f"sketch:{name}", f"{name}: cannot sketch it ({exc!r})")
+
     def _encode(self, item: tuple) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is
         left to send of it (dropped and counted, if it was too large)."""
@@ -334,6 +350,7 @@ class Sender(threading.Thread):
             self._step = (step, t)
         encoded = None
         if payload is not None:
+            self._sketch(payload)
             try:
                 entry = self.encoder.entry(step, t, payload)
                 if entry is not None:
@@ -399,10 +416,25 @@ class Sender(threading.Thread):
         if self.outbox.stalled(now):
             self.counters.resent_messages += self.outbox.resend_all(now)
         self._pump()
+        self._ask_for_acks(now)
         self._read_acks()
 
-    def _heartbeat(self) -> None:
-        self._send(protocol.encode_heartbeat(self.producer_id, self.outbox.next_seq, self.stats()))
+    def _ask_for_acks(self, now: float) -> None:
+        """A flush or close waits: a heartbeat asking for the acknowledgement now."""
+        box = self.outbox
+        if (
+            box.unacked
+            and (box.awaited or self.stopping.is_set())
+            and self._connected
+            and now >= self._next_ask
+        ):
+            self._next_ask = now + ASK_ACK_S
+            self._heartbeat(flush=True)
+
+    def _heartbeat(self, flush: bool = False) -> None:
+        self._send(
+            protocol.encode_heartbeat(self.producer_id, self.outbox.next_seq, self.stats(), flush)
+        )
 
     def run(self) -> None:
         try:

@@ -68,6 +68,8 @@ Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157
 WireEntry = tuple[U63, Finite, U63, bytes, dict[str, U63]]
 """``(step, time, table, values, nonfinite)`` as version 2 sends it. Version 1 is parsed into
 the same tuple with a :class:`Table` for the number."""
+SketchRef = tuple[U63, U63, bytes]
+"""``(entry index, table row, sketch bytes)``: a distribution metric's quantile sketch."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,10 @@ class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
     seq: U63
     entries: list[WireEntry]
     done: Annotated[int, Meta(ge=-1, le=2**63 - 1)] = -1
+    sketches: list[SketchRef] = []
+    """``(entry, row, sketch)``: the quantile sketch (``rlpulse.schemas.sketch``) of row
+    ``row`` of entry ``entry``'s table, for distribution metrics. Optional and last, so a
+    collector that predates it reads the message as before (mean, max and min only)."""
 
 
 class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
@@ -199,9 +205,14 @@ class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
 
 
 class Heartbeat(Struct, array_like=True, frozen=True, gc=False, tag=24):
+    """Liveness and the producer's counters. ``flush`` asks for an acknowledgement now: the
+    collector otherwise acknowledges data up to ``ACK_DELAY_S`` late (one ack per producer
+    per interval, not one per message), and a ``flush()`` or ``close()`` is waiting."""
+
     producer: U63
     seq: U63
     stats: dict[str, U63]
+    flush: bool = False
 
 
 class Bye(Struct, array_like=True, frozen=True, gc=False, tag=25):
@@ -282,6 +293,8 @@ class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
     watermarks: list[tuple[U63, U63]]
     spans: list[tuple[U63, Span]] = []
     """``(step, span)``: the phases the relay's ranks ran (``rlpulse.schemas.spans``), kept per rank."""
+    sketches: list[SketchRef] = []
+    """Merged quantile sketches of the entries' distribution metrics, as in :class:`Metrics`."""
 
 
 Message = Hello | Metrics | Done | Heartbeat | Bye | Ack | RelayHello | Delta

@@ -48,6 +48,7 @@ from rlpulse.schemas.serving import (  # the policy server's metrics, listed her
     SERVE_TOKENS_GENERATED as SERVE_TOKENS_GENERATED,
     SERVE_TOKENS_GENERATED_TOTAL as SERVE_TOKENS_GENERATED_TOTAL,
 )
+from rlpulse.schemas.sketch import distribution
 from rlpulse.schemas.system import (  # run-level throughput and stage times, listed here
     SYSTEM_SAMPLES as SYSTEM_SAMPLES,
     SYSTEM_STEP_SAMPLES as SYSTEM_STEP_SAMPLES,
@@ -139,7 +140,7 @@ CRITIC_REWARDS = family(
     "verl both report token_level_rewards.sum(-1), after the KL penalty. With GRPO, the raw "
     "score, from which the group standardisation makes the advantage (as verl reports it).",
 )
-CRITIC_ADVANTAGES = family(
+CRITIC_ADVANTAGES = distribution(
     "critic/advantages",
     "1",
     "Advantage of one response token; pooled over tokens (ROLL and verl). PPO: GAE (whitened "
@@ -156,7 +157,7 @@ CRITIC_VALUES = family(
     "1",
     "Old critic's value at one response token; pooled over tokens (ROLL and verl).",
 )
-RESPONSE_LENGTH = family(
+RESPONSE_LENGTH = distribution(
     "tokens/response_length", "tokens", "Length of one generated response in tokens."
 )
 PROMPT_LENGTH = family("tokens/prompt_length", "tokens", "Length of one prompt in tokens.")
@@ -261,18 +262,42 @@ CRITIC_OLD_LOG_PROB = Entry(
     "Old (pre-update) policy log-probability per response token; pooled over tokens (ROLL).",
     outputs=(Stat.MEAN,),
 )
-CRITIC_ENTROPY = Entry(
+CRITIC_ENTROPY = distribution(
     "critic/entropy",
-    MEAN,
     "nats",
     "Old policy's entropy per response token; pooled over tokens (ROLL's token-mean).",
-    outputs=(Stat.MEAN,),
 )
 CRITIC_REWARD_CLIP_FRAC = Entry(
     "critic/reward_clip_frac",
     FRACTION,
     "ratio",
     "Share of responses whose normalised reward was changed by reward clipping (ROLL).",
+)
+
+# Rollout engine vs trainer, and off-policy staleness (trainer/: actor_train and the driver)
+ROLLOUT_LOGPROB_DIFF = distribution(
+    "rollout/logprob_diff",
+    "nats",
+    "Rollout engine's log-prob of a sampled response token minus the trainer's recomputed "
+    "old log-prob of it (critic/old_log_prob), per response token, pooled over tokens. The "
+    "engine's is under the distribution it sampled from (transformers: temperature and "
+    "top_p applied; vLLM: its logprobs_mode), the trainer's a full forward pass at "
+    "temperature 1: non-zero from numerics (KV cache, kernels, precision), from sampling "
+    "settings, and, with ppo.off_policy_steps > 0, from the policy updates since the rollout.",
+)
+ROLLOUT_PROB_RATIO = distribution(
+    "rollout/prob_ratio",
+    "ratio",
+    "Trainer's over rollout engine's probability of a sampled response token, "
+    "exp(-rollout/logprob_diff), per response token: the importance weight truncated-IS "
+    "corrections apply for the rollout/trainer mismatch (1 when they agree).",
+)
+ASYNC_STALENESS = distribution(
+    "async/staleness",
+    "steps",
+    "Trainer step minus the policy version (step of the weights) that generated a trained "
+    "sample, per response token of the training batch (token-weighted): 0 on-policy, "
+    "ppo.off_policy_steps once the pipeline is full.",
 )
 
 # PPO losses and sample accounting

@@ -116,20 +116,31 @@ def encode_hello(
 
 
 def pack_entry(
-    step: int, t: float, table: int, values: bytes, nonfinite: Mapping[str, int] | None = None
+    step: int,
+    t: float,
+    table: int,
+    values: bytes,
+    nonfinite: Mapping[str, int] | None = None,
+    sketches: Mapping[int, bytes] | None = None,
 ) -> tuple:
     """One entry in wire form: ``table`` is the number of a table the hello declared;
-    ``values`` is 4 little-endian float64 per name of it; ``nonfinite`` counts by name."""
+    ``values`` is 4 little-endian float64 per name of it; ``nonfinite`` counts by name.
+    ``sketches`` (table row -> ``rlpulse.schemas.sketch`` bytes, distribution metrics only)
+    make a sixth element, which :func:`encode_metrics` moves to :attr:`Metrics.sketches`."""
+    if sketches:
+        return (step, t, table, values, dict(nonfinite or {}), dict(sketches))
     return (step, t, table, values, dict(nonfinite or {}))
 
 
 def packed_bytes(entry: tuple) -> int:
     """An upper bound of the bytes one :func:`pack_entry` entry takes in a metrics message
     (msgpack: at most 9 bytes per integer or float, 5 per string, bytes or map header)."""
-    _, _, _, values, nonfinite = entry
+    values, nonfinite = entry[3], entry[4]
     size = 48 + len(values)
     for name in nonfinite:
         size += 14 + len(name.encode())
+    if len(entry) > 5:
+        size += sum(24 + len(sketch) for sketch in entry[5].values())
     return size
 
 
@@ -139,15 +150,26 @@ def declared_bytes(names: Sequence[str], kinds: bytes) -> int:
 
 
 def encode_metrics(producer: int, seq: int, entries: Sequence[tuple], done: int = -1) -> bytes:
-    return _ENCODER.encode(Metrics(producer, seq, list(entries), done))
+    if all(len(e) == 5 for e in entries):
+        return _ENCODER.encode(Metrics(producer, seq, list(entries), done))
+    sketches = [
+        (i, row, sketch)
+        for i, e in enumerate(entries)
+        if len(e) > 5
+        for row, sketch in e[5].items()
+    ]
+    plain = [e[:5] for e in entries]
+    return _ENCODER.encode(Metrics(producer, seq, plain, done, sketches))
 
 
 def encode_done(producer: int, seq: int, step: int) -> bytes:
     return _ENCODER.encode(Done(producer, seq, step))
 
 
-def encode_heartbeat(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:
-    return _ENCODER.encode(Heartbeat(producer, seq, dict(stats)))
+def encode_heartbeat(
+    producer: int, seq: int, stats: Mapping[str, int], flush: bool = False
+) -> bytes:
+    return _ENCODER.encode(Heartbeat(producer, seq, dict(stats), flush))
 
 
 def encode_bye(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:
@@ -244,9 +266,11 @@ def _checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) -
         for _, span in msg.spans:
             if max(len(span.role), len(span.cluster), len(span.phase), len(span.host)) > 255:
                 raise SchemaError("bad_field", "a span's role, phase or host is too long")
-    if type(msg) in (Heartbeat, Bye):
-        stats = protocol_v1.checked_stats(msg.stats)  # type: ignore[union-attr]
-        return type(msg)(msg.producer, msg.seq, stats)  # type: ignore[call-arg]
+    if type(msg) is Heartbeat:
+        stats = protocol_v1.checked_stats(msg.stats)
+        return Heartbeat(msg.producer, msg.seq, stats, msg.flush)
+    if type(msg) is Bye:
+        return Bye(msg.producer, msg.seq, protocol_v1.checked_stats(msg.stats))
     return msg
 
 

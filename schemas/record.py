@@ -46,6 +46,10 @@ class StepRecord:
     time: float = 0.0
     roles: Mapping[str, str] = field(default_factory=dict)
     spans: tuple[Span, ...] = ()
+    distributions: Mapping[str, bytes] = field(default_factory=dict)
+    """Per distribution metric (``Reduction.DIST``, by its logged name), the step's merged
+    quantile sketch in its wire form (``rlpulse.schemas.sketch``), for the sinks that draw
+    histograms. Kept by the outbox, left out of the JSON line, as ``spans``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +72,8 @@ class StepRecord:
             return _JSON.encode(obj)
         if self.spans:
             obj["spans"] = self.spans
+        if self.distributions:
+            obj["distributions"] = dict(self.distributions)  # bytes: base64 in JSON
         return _JSON.encode({**extra, "record": obj})
 
     @classmethod
@@ -83,4 +89,5 @@ class StepRecord:
             time=float(obj.get("time", 0.0)),
             roles={str(k): str(v) for k, v in obj.get("roles", {}).items()},
             spans=tuple(msgspec.convert(obj.get("spans", ()), list[Span])),
+            distributions=msgspec.convert(obj.get("distributions", {}), dict[str, bytes]),
         )

@@ -25,6 +25,10 @@ class Reduction(enum.IntEnum):
     """Smallest value across calls and ranks."""
     LAST = 6
     """The most recent value (a learning rate that every rank shares)."""
+    DIST = 7
+    """A distribution: the pooled mean, max and min of ``MEAN``, plus a quantile sketch
+    (``rlpulse.schemas.sketch``) merged by adding counts. Producers send the state row as
+    ``MEAN`` on the wire (an older collector reads it as before); the sketch rides beside."""
 
     @classmethod
     def parse(cls, value: str | int | Reduction) -> Reduction:
@@ -48,6 +52,13 @@ class Stat(enum.Enum):
     MAX = "max"
     MIN = "min"
     LAST = "last"
+    P50 = "p50"
+    P90 = "p90"
+    P99 = "p99"
+
+
+QUANTILE_STATS: dict[Stat, float] = {Stat.P50: 0.5, Stat.P90: 0.9, Stat.P99: 0.99}
+"""The quantile each quantile statistic reads off a distribution's sketch."""
 
 
 # The statistic a single-output metric reports for each reduction.
@@ -58,7 +69,12 @@ DEFAULT_STAT: dict[Reduction, Stat] = {
     Reduction.MAX: Stat.MAX,
     Reduction.MIN: Stat.MIN,
     Reduction.LAST: Stat.LAST,
+    Reduction.DIST: Stat.MEAN,
 }
 
 # The reduction that a single statistic, logged on its own under its output name, merges by.
-STAT_REDUCTION: dict[Stat, Reduction] = {stat: red for red, stat in DEFAULT_STAT.items()}
+# A quantile logged on its own (pre-computed by a framework) cannot merge: it keeps the largest.
+STAT_REDUCTION: dict[Stat, Reduction] = {
+    **{stat: red for red, stat in DEFAULT_STAT.items() if red is not Reduction.DIST},
+    **dict.fromkeys(QUANTILE_STATS, Reduction.MAX),
+}

@@ -4,7 +4,12 @@ Part of the catalog (``rlpulse.schemas.metrics``).
 The server logs one "step" per reporting interval (a window counter, every second by default):
 what happened in that window, summed over its replicas by the collector. The collector adds
 the latency quantiles (from the merged histogram buckets) and the running totals, which are
-Prometheus counters, so ``rate()`` gives requests, errors and tokens per second exactly.
+Prometheus counters, so ``rate()`` gives requests, errors and tokens per second exactly. On
+Prometheus the window's buckets and errors by kind are not gauges of the last window (a 15 s
+scrape would see one 1 s window in fifteen): the Prometheus sink sums them over every window
+into a real histogram, ``rlpulse_serve_latency_seconds_bucket{le}`` with ``_sum`` and
+``_count``, and counters ``rlpulse_serve_errors_total{kind}``
+(``rlpulse.collector.sinks.promexport.Totals``).
 
 Error kinds are closed: each is one way a request to ``POST /generate`` can fail, and the
 server answers it with the kind in its JSON body, so a client's error and the metric that

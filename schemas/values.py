@@ -132,17 +132,34 @@ def merge_rows(
         acc[idx] = target
 
 
+def read_rows(rows: np.ndarray) -> dict[Stat, list[float]]:
+    """Every statistic of every state row (``rows`` is n x 4), as lists of Python floats,
+    NaN where the samples do not define it (no weight; extremes never observed). The one
+    definition of how a merged state reads: ratios (mean, fraction) are sum over weight,
+    ``LAST`` the sum when there was a sample, extremes as they are. A quantile logged on its
+    own merges by max and reads the max; a distribution's quantiles are read off its sketch
+    by the collector, never here."""
+    total, weight = rows[:, SUM], rows[:, WEIGHT]
+    seen = weight > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(seen, total / np.where(seen, weight, 1.0), NAN).tolist()
+    low, high = rows[:, MIN].tolist(), rows[:, MAX].tolist()
+    return {
+        Stat.MEAN: ratio,
+        Stat.FRACTION: ratio,
+        Stat.SUM: total.tolist(),
+        Stat.LAST: np.where(seen, total, NAN).tolist(),
+        Stat.MIN: low,
+        Stat.MAX: high,
+    }
+
+
 def read_row(row: Sequence[float] | np.ndarray, stat: Stat) -> float | None:
-    """Read ``stat`` off one state row; None when the samples do not define it."""
-    if stat is Stat.MEAN or stat is Stat.FRACTION:
-        w = row[WEIGHT]
-        return float(row[SUM] / w) if w > 0 else None
-    if stat is Stat.SUM:
-        return float(row[SUM])
-    if stat is Stat.LAST:
-        return float(row[SUM]) if row[WEIGHT] > 0 else None
-    value = row[MAX] if stat is Stat.MAX else row[MIN]
-    return None if math.isnan(value) else float(value)
+    """Read ``stat`` off one state row (:func:`read_rows`); None when the samples do not
+    define it."""
+    columns = read_rows(np.asarray(row, dtype=np.float64).reshape(1, WIDTH))
+    value = columns.get(stat, columns[Stat.MAX])[0]
+    return None if math.isnan(value) else value
 
 
 def empty_rows(n: int) -> np.ndarray:

@@ -35,6 +35,9 @@ class RolloutBatch:
     valid: Tensor | None = None
     positive: Tensor | None = None
     sample_weights: Tensor | None = None
+    rollout_log_probs: Tensor | None = None
+    """The rollout engine's log-prob of each response token, as it sampled it (None when the
+    engine gives none); set by the rollout."""
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     values: Tensor | None = None

@@ -189,8 +189,20 @@ class PPOConfig:
     sft_loss_coef: float = 0.0
     """Weight of the SFT (NLL) loss on positive samples (normalised reward above 0, i.e.
     better than the batch average) added to the actor loss; 0 measures it only."""
+    off_policy_steps: int = 0
+    """How many steps old the policy that generated a trained batch is. 0: step t trains on
+    responses of the policy it has (on-policy). k >= 1: step t trains on responses generated
+    at step t - k, by the policy of step t - k (the first k steps train on batches generated
+    at step 0), as an asynchronous trainer whose rollout runs ahead does; the rollout of a
+    later step runs while this one trains. ``async/staleness`` reports it per token."""
 
     def __post_init__(self) -> None:
+        _require(
+            self.off_policy_steps >= 0,
+            "ppo.off_policy_steps",
+            "must be >= 0",
+            self.off_policy_steps,
+        )
         _require(
             self.algorithm in ("ppo", "grpo"),
             "ppo.algorithm",

@@ -5,6 +5,8 @@ Each step:
 1. model_update: actor_train rank 0 hands its weights to the rollout engine;
 2. (validation on held-out prompts, at the start of every ``val_every``-th step);
 3. rollout: sample responses to training prompts                        -> time/rollout
+   (with ``ppo.off_policy_steps`` k > 0, the batch generated k steps ago; this step's own
+   rollout, for step t + k, runs while this one trains)
 4. reference log-probs and verifier rewards, in parallel  -> time/ref_log_probs_values_reward
 5. old-policy log-probs (sharded over actor_train) and critic values     -> time/old_log_probs_values
 6. rewards -> KL shaping -> advantages (GAE, or GRPO groups), here in the driver -> time/adv
@@ -19,6 +21,7 @@ timings, validation).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,7 +38,7 @@ from rlpulse.trainer.config import TrainerConfig
 from rlpulse.trainer.diversity import distinct_n, repetition
 from rlpulse.trainer.ppo import AdaptiveKLController
 from rlpulse.trainer.progress import Progress
-from rlpulse.trainer.task import Task, is_correct, score
+from rlpulse.trainer.task import Problem, Task, is_correct, score
 
 
 @dataclass
@@ -52,6 +55,14 @@ class RunResult:
     """Counters of metrics the producers dropped or rejected, summed over workers (empty: none)."""
     step_seconds: list[float] = field(default_factory=list)
     """Wall time of each step, as the driver saw it (the training-overhead benchmark)."""
+
+
+@dataclass(frozen=True)
+class PendingRollout:
+    """Responses being generated (a Ray object ref to a Generation) for the prompts behind them."""
+
+    problems: list[Problem]
+    generation: ray.ObjectRef
 
 
 @contextmanager
@@ -73,6 +84,9 @@ class Driver:
         ppo = cfg.ppo
         self.kl = AdaptiveKLController(ppo.kl_coef, ppo.target_kl, ppo.kl_horizon, ppo.kl_coef_max)
         self.result = RunResult()
+        self.rollouts: deque[PendingRollout] = deque()
+        """Batches generated ahead for the next steps (ppo.off_policy_steps of them)."""
+        self.generated = 0
 
     def run(self) -> RunResult:
         last = self.cfg.steps - 1
@@ -99,13 +113,25 @@ class Driver:
         if validate_first:
             summary["val"] = self.validate(step)
 
-        # 3. Rollout: each prompt is asked samples_per_prompt times (a GRPO group).
+        # 3. Rollout: each prompt is asked samples_per_prompt times (a GRPO group). On-policy
+        # (ppo.off_policy_steps = 0) the batch of step t is generated now, by the weights just
+        # synced. With k steps off-policy, the rollout runs k steps ahead: step t trains on
+        # the batch generated at step t - k by that step's weights, and the batch for step
+        # t + k starts generating now, while this step trains (the first k steps use batches
+        # generated at step 0).
         group = cfg.rollout.samples_per_prompt
         with timed(times, m.TIME_ROLLOUT.name):
-            problems = [
-                p for p in self.task.sample(cfg.ppo.batch_size // group) for _ in range(group)
-            ]
-            gen = ray.get(w.rollout.generate.remote(step, [p.prompt for p in problems]))
+            while len(self.rollouts) <= cfg.ppo.off_policy_steps and self.generated < cfg.steps:
+                problems = [
+                    p for p in self.task.sample(cfg.ppo.batch_size // group) for _ in range(group)
+                ]
+                prompts = [p.prompt for p in problems]
+                self.rollouts.append(
+                    PendingRollout(problems, w.rollout.generate.remote(step, prompts))
+                )
+                self.generated += 1
+            pending = self.rollouts.popleft()
+            problems, gen = pending.problems, ray.get(pending.generation)
         batch = gen.batch
 
         # 4. Reference log-probs and rewards do not depend on each other: run them together.
@@ -171,6 +197,7 @@ class Driver:
         self.producer.log(
             {
                 **emit.batch_data(adv, correct, kl_coef),
+                **emit.staleness(step - gen.policy_version, batch.response_mask),
                 **emit.stage_times(times),
             },
             step,

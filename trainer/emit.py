@@ -71,11 +71,33 @@ def policy_shard(shard: RolloutBatch, lr: float) -> Metrics:
     }
 
 
-def old_log_probs(log_probs: Tensor, entropy: Tensor, response_mask: Tensor) -> Metrics:
+def old_log_probs(
+    log_probs: Tensor,
+    entropy: Tensor,
+    response_mask: Tensor,
+    rollout_log_probs: Tensor | None = None,
+) -> Metrics:
+    """actor_train's compute_log_probs on its shard: the old policy's log-probs and entropy,
+    and, when the rollout engine gave its own log-probs of the same tokens, how far they are
+    from the trainer's (zeros included: they are what the computation gives)."""
     mask = response_mask.bool()
-    return {
+    out: Metrics = {
         m.CRITIC_OLD_LOG_PROB.name: Masked(log_probs, mask),
         m.CRITIC_ENTROPY.name: Masked(entropy, mask),
+    }
+    if rollout_log_probs is not None:
+        diff, ratio = ppo.rollout_mismatch(rollout_log_probs, log_probs)
+        out[m.ROLLOUT_LOGPROB_DIFF.name] = Masked(diff, mask)
+        out[m.ROLLOUT_PROB_RATIO.name] = Masked(ratio, mask)
+    return out
+
+
+def staleness(steps_behind: int, response_mask: Tensor) -> Metrics:
+    """The driver, once per step: how many steps old the policy that generated the trained
+    batch is, once per response token (token-weighted, as the loss weighs the tokens)."""
+    mask = response_mask.bool()
+    return {
+        m.ASYNC_STALENESS.name: Masked(torch.full(mask.shape, float(steps_behind)), mask),
     }
 
 

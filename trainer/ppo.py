@@ -172,6 +172,20 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     return (torch.exp(r) - r - 1).clamp(-KL_CLAMP, KL_CLAMP)
 
 
+def rollout_mismatch(rollout_log_probs: Tensor, log_probs: Tensor) -> tuple[Tensor, Tensor]:
+    """Per token, the rollout engine's log-prob minus the trainer's (``rollout/logprob_diff``)
+    and the trainer's over the engine's probability, exp(-diff) (``rollout/prob_ratio``, the
+    importance weight of truncated-IS corrections). Both engines scoring a token alike give 0
+    and 1; nothing here hides a difference, however small.
+
+    >>> d, r = rollout_mismatch(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -1.5]))
+    >>> d.tolist(), [round(x, 4) for x in r.tolist()]
+    ([0.0, -0.5], [1.0, 1.6487])
+    """
+    diff = rollout_log_probs - log_probs
+    return diff, torch.exp(-diff)
+
+
 @dataclass(frozen=True)
 class AdaptiveKLController:
     """Adapts the KL coefficient so the observed KL tracks ``target_kl`` (Ziegler et al. 2019).

@@ -14,15 +14,22 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlpulse.trainer.batch import RolloutBatch
+from rlpulse.trainer.model import token_log_probs
 
 
 @dataclass(frozen=True)
 class Generation:
-    """Generated responses as a batch, their text (up to EOS) and which hit the length cap."""
+    """Generated responses as a batch, their text (up to EOS) and which hit the length cap.
+
+    ``batch.rollout_log_probs`` holds the engine's own log-prob of each sampled token (None
+    for greedy decoding); ``policy_version`` is the step whose weights generated it (the
+    rollout worker's latest ``model_update``).
+    """
 
     batch: RolloutBatch
     responses: list[str]
     truncated: Tensor
+    policy_version: int = -1
 
 
 def encode_prompts(
@@ -43,13 +50,16 @@ def assemble_batch(
     responses: Sequence[Sequence[int]],
     max_new_tokens: int,
     tokenizer: PreTrainedTokenizerBase,
+    log_probs: Sequence[Sequence[float]] | None = None,
 ) -> Generation:
     """Right-pad responses to ``max_new_tokens``; a response ends at (and includes) its first
-    EOS. Tokens after EOS are replaced by padding and masked out."""
+    EOS. Tokens after EOS are replaced by padding and masked out. ``log_probs``, the engine's
+    log-prob of each generated token, are cut and padded (with 0) the same way."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     batch_size = len(responses)
     resp = torch.full((batch_size, max_new_tokens), pad, dtype=torch.long)
     resp_mask = torch.zeros(batch_size, max_new_tokens)
+    rollout_lp = None if log_probs is None else torch.zeros(batch_size, max_new_tokens)
     truncated = torch.zeros(batch_size, dtype=torch.bool)
     texts = []
     for i, tokens in enumerate(responses):
@@ -60,6 +70,10 @@ def assemble_batch(
             truncated[i] = True
         resp[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         resp_mask[i, : len(tokens)] = 1.0
+        if rollout_lp is not None and log_probs is not None:
+            rollout_lp[i, : len(tokens)] = torch.tensor(
+                list(log_probs[i])[: len(tokens)], dtype=torch.float32
+            )
         body = tokens[:-1] if not truncated[i] else tokens
         texts.append(tokenizer.decode(body, skip_special_tokens=True))
     batch = RolloutBatch(
@@ -67,6 +81,7 @@ def assemble_batch(
         attention_mask=torch.cat([prompt_mask.float(), resp_mask], dim=1),
         response_mask=resp_mask,
         prompt_width=prompt_ids.shape[1],
+        rollout_log_probs=rollout_lp,
     )
     return Generation(batch, texts, truncated)
 
@@ -96,7 +111,21 @@ def generate_hf(
         **sampling,
     )
     out = model.generate(
-        input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
-    ).cpu()
-    responses = [row[ids.shape[1] :].tolist() for row in out]
-    return assemble_batch(ids, mask, responses, max_new_tokens, tokenizer)
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        generation_config=config,
+        output_scores=not greedy,
+        return_dict_in_generate=True,
+    )
+    sequences = out.sequences.cpu()
+    new = sequences[:, ids.shape[1] :]
+    responses = [row.tolist() for row in new]
+    log_probs = None
+    if not greedy:
+        # The engine's log-prob of each token it sampled, under the distribution it sampled
+        # from: generate's scores are the logits after temperature and top_p, one (B, V) per
+        # new token. The trainer scores the same tokens with a full forward pass at
+        # temperature 1; rollout/logprob_diff is the difference.
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, new tokens, V)
+        log_probs = token_log_probs(scores, new[:, : scores.shape[1]]).tolist()
+    return assemble_batch(ids, mask, responses, max_new_tokens, tokenizer, log_probs)

@@ -43,17 +43,27 @@ class VLLMEngine:
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], temperature: float, top_p: float, greedy: bool
-    ) -> list[list[int]]:
-        """Token ids of one response per prompt (EOS included when generated)."""
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Token ids of one response per prompt (EOS included when generated) and, when
+        sampling, vLLM's log-prob of each sampled token (``logprobs=0``: the sampled token's
+        own, as vLLM's ``logprobs_mode`` computes it)."""
         params = self._vllm.SamplingParams(
             max_tokens=self.max_new_tokens,
             temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
             top_k=-1,
+            logprobs=None if greedy else 0,
         )
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        if greedy:
+            return tokens, None
+        log_probs = [
+            [float(step[t].logprob) for t, step in zip(ids, o.outputs[0].logprobs, strict=True)]
+            for ids, o in zip(tokens, outputs, strict=True)
+        ]
+        return tokens, log_probs
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new policy weights into the engine's model (model_update, receiving side)."""

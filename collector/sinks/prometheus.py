@@ -3,7 +3,10 @@
 ``write()`` only stores the step's values; a custom ``prometheus_client`` collector renders
 fresh metric families from them on each scrape (names from :func:`rlpulse.collector.promnames.prom_metric`,
 labels ``run`` and ``role``), together with the collector's own health counters. A metric that
-a step does not report keeps its last value, as a gauge should. Counters exist before their
+a step does not report keeps its last value, as a gauge should. Histograms (``serve/latency``)
+are real Prometheus histograms and the server's errors are counters by kind, summed over every
+step the sink has written (``promexport.Totals``): a scrape sees cumulative counts, never one
+reporting window's. Counters exist before their
 first increment: every rejection reason (``rlpulse.schemas.errors.REJECT_REASONS``) from start-up,
 and each run's cumulative catalog metrics (``system/tokens``, ``system/samples``) from its
 first step, at 0.
@@ -49,7 +52,15 @@ try:
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
 
-    from rlpulse.collector.sinks.promexport import ProcessSnapshot, make_family, number
+    from rlpulse.collector.sinks.promdist import DistTotals, dist_families
+    from rlpulse.collector.sinks.promexport import (
+        REPLACED,
+        ProcessSnapshot,
+        Totals,
+        make_family,
+        number,
+        total_families,
+    )
 except ImportError:  # pragma: no cover - exercised only without the optional dependency
     CollectorRegistry = None  # type: ignore[assignment,misc]
 
@@ -82,6 +93,8 @@ class _Run:
     ranks: int = 0
     partial: bool = False
     values: dict[str, tuple[float, str]] = field(default_factory=dict)
+    totals: Totals = field(default_factory=lambda: Totals())
+    dists: DistTotals = field(default_factory=lambda: DistTotals())
 
 
 class PrometheusSink(Sink):
@@ -220,7 +233,11 @@ class PrometheusSink(Sink):
                 run.step, run.time = record.step, record.time
                 run.ranks, run.partial = record.ranks, record.partial
             for name, value in record.metrics.items():
-                run.values[name] = (float(value), record.roles.get(name, ""))
+                if name not in REPLACED:
+                    run.values[name] = (float(value), record.roles.get(name, ""))
+            run.totals.add(record.metrics, record.roles)
+            if record.distributions:
+                run.dists.add(record.distributions, record.metrics, record.roles)
 
     def close(self) -> None:
         """Stop serving; safe to call twice or before open()."""
@@ -238,13 +255,21 @@ class PrometheusSink(Sink):
         """Fresh metric families for one scrape: run state, health, then every metric."""
         with self._lock:
             runs = {
-                name: (r.step, r.time, r.ranks, r.partial, dict(r.values))
+                name: (r.step, r.time, r.ranks, r.partial, dict(r.values), r.totals.copy())
                 for name, r in self._runs.items()
             }
+            dists = {name: r.dists.copy() for name, r in self._runs.items() if r.dists.counts}
         taken: dict[str, str] = {}  # Prometheus name -> what owns it
         yield from self._run_families(runs, taken)
         yield from self._health_families(taken)
         yield from self._metric_families(runs, taken)
+        for family in total_families({run: state[5] for run, state in runs.items()}):
+            taken.setdefault(family.name, "rlpulse")
+            yield family
+        for family in dist_families(dists):
+            if family.name not in taken:  # a name clash is warned about by the metrics above
+                taken[family.name] = "rlpulse"
+                yield family
 
     def _run_families(self, runs: Mapping[str, tuple], taken: dict[str, str]) -> Iterator[Metric]:
         specs = (_RUN_STEP, _RUN_TIME, _RUN_RANKS, _RUN_PARTIAL)
@@ -298,7 +323,7 @@ class PrometheusSink(Sink):
     ) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
         logged = {name for state in runs.values() for name in state[4]}
-        names = sorted(logged | self._counters) if runs else []
+        names = sorted(logged | (self._counters - REPLACED)) if runs else []
         for name in names:
             pm = self._prom.get(name)
             if pm is None:

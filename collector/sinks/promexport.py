@@ -1,16 +1,23 @@
 """``prometheus_client`` glue for the Prometheus sink: metric families built from plain values,
-and the collector's own process metrics read at most once a second."""
+the running totals that Prometheus wants as histograms and counters (:class:`Totals`), and the
+collector's own process metrics read at most once a second."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
+
+from rlpulse.collector.promnames import prom_metric
+from rlpulse.schemas import metrics as M
+from rlpulse.schemas.histogram import INF, Histogram
+from rlpulse.schemas.reductions import Stat
 
 PROCESS_REFRESH_S = 1.0
 """How old the collector's own process metrics on /metrics may be."""
@@ -35,6 +42,112 @@ def make_family(
     for label_values, value in samples:
         out.add_metric(label_values, value)
     return out
+
+
+_ERROR_KINDS: dict[str, str] = {
+    M.SERVE_ERRORS.format(kind=k): k for k in M.SERVE_ERRORS.choices["kind"]
+}
+ERRORS = prom_metric(M.SERVE_ERRORS_TOTAL.name)
+"""``rlpulse_serve_errors_total{kind}``: errors by kind, a counter (``sum without (kind)`` is
+the catalog's ``serve/errors_total``)."""
+REPLACED: frozenset[str] = frozenset(
+    {
+        *(n for h in M.HISTOGRAMS for n in h.bucket_names),
+        *(e.name for h in M.HISTOGRAMS for e in h.quantile_entries.values()),
+        *_ERROR_KINDS,
+        M.SERVE_ERRORS_TOTAL.name,
+    }
+)
+"""Reported names :class:`Totals` exports instead of a gauge of the latest step: histogram
+buckets and quantiles (one window's counts, and quantiles of one window, are the stale mix a
+15 s scrape of 1 s windows sees) and errors by kind."""
+
+
+def _sum_name(histogram: Histogram) -> str:
+    return histogram.summary.output_names()[Stat.MEAN]
+
+
+class Totals:
+    """One run's running totals, for metrics whose per-step values Prometheus must see summed:
+    each catalog histogram as a Prometheus histogram (cumulative ``_bucket{le}``, ``_sum``,
+    ``_count``) and the server's errors as counters by kind. :meth:`add` takes every emitted
+    step once; a histogram exists, at 0, from the run's first step that reports a metric of its
+    group (``serve/``), so ``rate()`` sees the first request.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, np.ndarray] = {}
+        self.sums: dict[str, float] = {}
+        self.errors: dict[str, float] = {}
+        self.roles: dict[str, str] = {}
+
+    def add(self, metrics: Mapping[str, float], roles: Mapping[str, str]) -> None:
+        """Add one emitted step's values."""
+        groups = {name.split("/", 1)[0] for name in metrics}
+        for h in M.HISTOGRAMS:
+            if h.name not in self.counts and h.name.split("/", 1)[0] not in groups:
+                continue
+            window = np.array([metrics.get(b, 0.0) for b in h.bucket_names], dtype=np.float64)
+            counts = self.counts.setdefault(h.name, np.zeros(len(h.bucket_names)))
+            counts += window
+            mean = metrics.get(_sum_name(h))
+            if mean is not None and math.isfinite(mean):  # the pooled mean of the same samples
+                self.sums[h.name] = self.sums.get(h.name, 0.0) + mean * float(window.sum())
+            else:
+                self.sums.setdefault(h.name, 0.0)
+            group = h.name.split("/", 1)[0] + "/"
+            role = next((r for n, r in roles.items() if r and n.startswith(group)), None)
+            if role:
+                self.roles[h.name] = role
+        for name, kind in _ERROR_KINDS.items():
+            if name in metrics:
+                self.errors[kind] = self.errors.get(kind, 0.0) + metrics[name]
+                self.roles.setdefault(ERRORS.name, roles.get(name, ""))
+
+    def copy(self) -> Totals:
+        out = Totals()
+        out.counts = {k: v.copy() for k, v in self.counts.items()}
+        out.sums, out.errors, out.roles = dict(self.sums), dict(self.errors), dict(self.roles)
+        return out
+
+
+def total_families(runs: Mapping[str, Totals]) -> Iterator[Metric]:
+    """The families of every run's :class:`Totals` (one family per name, a series per run).
+
+    >>> t = Totals()
+    >>> t.add({"serve/requests": 2.0, "serve/latency/bucket/0.01": 2.0,
+    ...        "serve/latency/mean": 0.009, "serve/errors/overloaded": 1.0}, {})
+    >>> [(s.name, s.labels.get("le"), s.value) for f in total_families({"r": t})
+    ...  for s in f.samples if s.labels.get("le") in (None, "0.01", "+Inf")]  # doctest: +NORMALIZE_WHITESPACE
+    [('rlpulse_serve_latency_seconds_bucket', '0.01', 2.0),
+     ('rlpulse_serve_latency_seconds_bucket', '+Inf', 2.0),
+     ('rlpulse_serve_latency_seconds_count', None, 2.0),
+     ('rlpulse_serve_latency_seconds_sum', None, 0.018),
+     ('rlpulse_serve_errors_total', None, 1.0)]
+    """
+    for h in M.HISTOGRAMS:
+        if not any(h.name in t.counts for t in runs.values()):
+            continue
+        pm = prom_metric(h.name)
+        family = HistogramMetricFamily(
+            pm.name, f"{h.summary.help} (rlpulse name: {h.name})", labels=["run", "role"]
+        )
+        le = ["+Inf" if label == INF else label for label in h.labels]
+        for run, t in sorted(runs.items()):
+            if h.name in t.counts:
+                cumulative = np.cumsum(t.counts[h.name]).tolist()
+                family.add_metric(
+                    [run, t.roles.get(h.name, "")],
+                    list(zip(le, cumulative, strict=True)),
+                    t.sums.get(h.name, 0.0) * pm.scale,
+                )
+        yield family
+    if any(t.errors for t in runs.values()):
+        errors = CounterMetricFamily(ERRORS.name, ERRORS.help, labels=["run", "role", "kind"])
+        for run, t in sorted(runs.items()):
+            for kind, value in sorted(t.errors.items()):
+                errors.add_metric([run, t.roles.get(ERRORS.name, ""), kind], value)
+        yield errors
 
 
 class ProcessSnapshot:

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, ClassVar
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.sketch import coarse_buckets, decode as decode_sketch
 
 FIELD = "tracker_kwargs.tensorboard"
 _KEYS = ("log_dir",)
@@ -87,6 +88,12 @@ class TensorBoardSink(Sink):
             self._summary_pb2.Summary.Value(tag=name, simple_value=float(value))
             for name, value in record.metrics.items()
         ]
+        for name, sketch in record.distributions.items():  # a histogram per distribution
+            values.append(
+                self._summary_pb2.Summary.Value(
+                    tag=name, histo=self._histogram(name, sketch, record)
+                )
+            )
         event = self._event_pb2.Event(
             wall_time=record.time or time.time(),
             step=record.step,
@@ -94,6 +101,21 @@ class TensorBoardSink(Sink):
         )
         writer.write(event.SerializeToString())
         writer.flush()
+
+    def _histogram(self, name: str, sketch: bytes, record: StepRecord) -> Any:
+        """A distribution's merged sketch as TensorBoard's ``HistogramProto`` (buckets 22%
+        wide, ``rlpulse.schemas.sketch.coarse_buckets``; count, sum, min and max exact)."""
+        upper, counts = coarse_buckets(decode_sketch(sketch))
+        n = float(counts.sum())
+        m = record.metrics
+        return self._summary_pb2.HistogramProto(
+            min=m.get(f"{name}/min", float(upper[0]) if len(upper) else 0.0),
+            max=m.get(f"{name}/max", float(upper[-1]) if len(upper) else 0.0),
+            num=n,
+            sum=m.get(f"{name}/mean", 0.0) * n,
+            bucket_limit=upper.tolist(),
+            bucket=counts.astype(float).tolist(),
+        )
 
     def written_through(self) -> dict[str, int]:
         """The last step of each run already in the event files (keyed by the run's folder

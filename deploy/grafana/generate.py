@@ -50,6 +50,15 @@ def family(entry: Entry, legend: str) -> list[tuple[str, str]]:
     ]
 
 
+QUANTILES = (Stat.P50, Stat.P90, Stat.P99)
+"""The quantile outputs of a distribution (``rlpulse.schemas.sketch.distribution``)."""
+
+
+def quantiles(entry: Entry, legend: str) -> list[tuple[str, str]]:
+    """p50, p90 and p99 of a distribution, then its mean."""
+    return [(sel(entry, s), f"{{{{run}}}} {legend} {s.value}") for s in (*QUANTILES, Stat.MEAN)]
+
+
 def template_query(regex: str, groups: Sequence[str]) -> str:
     """Series of every name matching ``regex`` (``rlpulse_`` + it), with its groups as labels."""
     full = f"{PREFIX}{regex}"
@@ -135,6 +144,28 @@ def panel(
             "graphMode": "none",
         }
     return p
+
+
+def heatmap(title: str, expr: str, unit: str, *, description: str = "") -> dict[str, Any]:
+    """A heatmap of histogram buckets: ``expr`` gives one series per ``le`` (counts per
+    interval), which Grafana turns into rows of cells (``format: heatmap``)."""
+    p = panel(title, [(expr, "{{le}}")], unit, description=description, kind="heatmap")
+    p["targets"][0]["format"] = "heatmap"
+    p["options"] = {
+        "calculate": False,
+        "yAxis": {"unit": unit},
+        "cellGap": 1,
+        "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+        "tooltip": {"show": True, "yHistogram": True},
+    }
+    return p
+
+
+def histogram_quantile(q: float, bucket: str, by: str = "run") -> str:
+    """The ``q`` quantile over ``$__rate_interval`` of a cumulative Prometheus histogram."""
+    return (
+        f"histogram_quantile({q:g}, sum by ({by}, le) (rate({bucket}{{{RUN}}}[$__rate_interval])))"
+    )
 
 
 def row(title: str) -> dict[str, Any]:
@@ -247,9 +278,12 @@ def rl_overview() -> dict[str, Any]:
             "Advantages and returns",
             [
                 *family(M.CRITIC_ADVANTAGES, "advantage"),
+                *quantiles(M.CRITIC_ADVANTAGES, "advantage")[:-1],
                 (sel(M.CRITIC_RETURNS, Stat.MEAN), f"{r} return mean"),
             ],
             "none",
+            description="Per response token: mean, max, min and the p50/p90/p99 of the "
+            "collector's merged sketch (1% relative error).",
         ),
         panel(
             "KL",
@@ -265,9 +299,13 @@ def rl_overview() -> dict[str, Any]:
         ),
         panel(
             "Entropy",
-            [(sel(M.CRITIC_ENTROPY, Stat.MEAN), f"{r} entropy")],
+            [
+                *quantiles(M.CRITIC_ENTROPY, "entropy"),
+                (sel(M.CRITIC_ENTROPY, Stat.MIN), f"{r} entropy min"),
+            ],
             "none",
-            description="Policy entropy per response token (nats). A collapse to ~0 alerts.",
+            description="Policy entropy per response token (nats): quantiles over the batch's "
+            "tokens, mean and min. A collapse of the mean to ~0 alerts.",
         ),
         panel(
             "Clip fractions",
@@ -285,9 +323,11 @@ def rl_overview() -> dict[str, Any]:
             "Response and prompt length",
             [
                 *family(M.RESPONSE_LENGTH, "response"),
+                *quantiles(M.RESPONSE_LENGTH, "response")[:-1],
                 (sel(M.PROMPT_LENGTH, Stat.MEAN), f"{r} prompt mean"),
             ],
             "none",
+            description="Tokens per response (mean, max, min, p50/p90/p99) and per prompt.",
         ),
         panel(
             "Losses",
@@ -307,6 +347,41 @@ def rl_overview() -> dict[str, Any]:
                 (sel(M.VAL_REPETITION_RATE), f"{r} repetition"),
             ],
             "percentunit",
+        ),
+        row("Rollout engine vs trainer, and staleness"),
+        panel(
+            "Rollout - trainer log-prob",
+            [
+                *quantiles(M.ROLLOUT_LOGPROB_DIFF, "diff"),
+                (sel(M.ROLLOUT_LOGPROB_DIFF, Stat.MAX), f"{r} diff max"),
+                (sel(M.ROLLOUT_LOGPROB_DIFF, Stat.MIN), f"{r} diff min"),
+            ],
+            "none",
+            description="Per response token: the rollout engine's log-prob of the token it "
+            "sampled minus the trainer's recomputed one (nats). 0 when both score alike; "
+            "sampling settings, kernels and precision, and off-policy updates move it. "
+            "Alert RLPulseRolloutLogprobMismatch fires when the p99 stays above 0.5.",
+        ),
+        panel(
+            "Trainer / rollout probability ratio",
+            [
+                *quantiles(M.ROLLOUT_PROB_RATIO, "ratio"),
+                (sel(M.ROLLOUT_PROB_RATIO, Stat.MAX), f"{r} ratio max"),
+                (sel(M.ROLLOUT_PROB_RATIO, Stat.MIN), f"{r} ratio min"),
+            ],
+            "none",
+            description="exp(trainer log-prob - rollout log-prob) per response token: the "
+            "importance weight a truncated-IS correction would apply (1: no mismatch).",
+        ),
+        panel(
+            "Staleness of trained samples",
+            [
+                *quantiles(M.ASYNC_STALENESS, "staleness"),
+                (sel(M.ASYNC_STALENESS, Stat.MAX), f"{r} staleness max"),
+            ],
+            "none",
+            description="Trainer step minus the step of the policy that generated each "
+            "trained token (ppo.off_policy_steps once the pipeline is full; 0 on-policy).",
         ),
     ]
     return dashboard(
@@ -592,14 +667,12 @@ def serving() -> dict[str, Any]:
     """The policy server (``python -m rlpulse.trainer.serve``, role serve): traffic, errors, latency."""
     r = "{{run}}"
     rate = "[$__rate_interval]"
-    kinds = "|".join(
-        prom_metric(M.SERVE_ERRORS.format(kind=k)).name[len(PREFIX + "serve_errors_") :]
-        for k in M.SERVE_ERRORS.choices["kind"]
-    )
-    errors = template_query(f"serve_errors_({kinds})", ["kind"])
+    latency = name_of(M.SERVE_LATENCY.name)  # a Prometheus histogram on /metrics
+    bucket = f"{latency}_bucket"  # the Prometheus sink's histogram of serve/latency
     summary = M.SERVE_LATENCY_SUMMARY
     rss = name_of(M.MEMORY_CPU.format(cluster=SERVE, phase=GENERATE, when="end", kind="rss"))
     gpu = name_of(M.GPU_DEVICE_MEMORY.format(cluster=SERVE, device_id=0, stat="memory_process"))
+    errors = name(M.SERVE_ERRORS_TOTAL)
     panels = [
         panel(
             "Requests and errors per second",
@@ -608,36 +681,46 @@ def serving() -> dict[str, Any]:
                     f"sum by (run) (rate({name(M.SERVE_REQUESTS_TOTAL)}{{{RUN}}}{rate}))",
                     f"{r} requests",
                 ),
-                (
-                    f"sum by (run) (rate({name(M.SERVE_ERRORS_TOTAL)}{{{RUN}}}{rate}))",
-                    f"{r} errors",
-                ),
+                (f"sum by (run) (rate({errors}{{{RUN}}}{rate}))", f"{r} errors"),
             ],
             "reqps",
             description="Rates of the collector's running totals over every replica. Alert "
             "RLPulseServeErrorRateHigh fires when errors exceed 5% of requests for 5m.",
         ),
         panel(
-            "Errors by kind (last window)",
-            [(errors, f"{r} {{{{kind}}}}")],
-            "none",
-            description="serve/errors/{kind} of the latest reporting window: 4xx kinds are "
-            "the clients' (the answer names the field), overloaded (503) and internal (500) "
-            "the server's.",
+            "Errors by kind per second",
+            [(f"sum by (run, kind) (rate({errors}{{{RUN}}}{rate}))", f"{r} {{{{kind}}}}")],
+            "reqps",
+            description="serve/errors/{kind} summed over every reporting window (a counter "
+            "per kind): 4xx kinds are the clients' (the answer names the field), overloaded "
+            "(503) and internal (500) the server's.",
         ),
         panel(
             "Latency quantiles",
             [
-                (sel(M.SERVE_LATENCY_P50), f"{r} p50"),
-                (sel(M.SERVE_LATENCY_P95), f"{r} p95"),
-                (sel(M.SERVE_LATENCY_P99), f"{r} p99"),
-                (sel(summary, Stat.MEAN), f"{r} mean"),
-                (sel(summary, Stat.MAX), f"{r} max"),
+                *(
+                    (histogram_quantile(q, bucket), f"{r} p{q * 100:g}")
+                    for q in M.SERVE_LATENCY.quantile_entries
+                ),
+                (
+                    f"sum by (run) (rate({latency}_sum{{{RUN}}}{rate})) / "
+                    f"sum by (run) (rate({latency}_count{{{RUN}}}{rate}))",
+                    f"{r} mean",
+                ),
+                (sel(summary, Stat.MAX), f"{r} max (last window)"),
             ],
             "s",
-            description="Per reporting window, over every replica: quantiles from the merged "
-            "latency histogram (exact to bucket resolution, 26% wide), mean and max exact. "
-            "Alert RLPulseServeLatencyP99High fires above 1 s.",
+            description="Of the requests answered in each interval, over every replica: "
+            "quantiles from the merged cumulative histogram (histogram_quantile, exact to "
+            "bucket resolution, 26% wide), the mean from its sum and count; max is the latest "
+            "1 s reporting window's. Alert RLPulseServeLatencyP99High fires above 1 s.",
+        ),
+        heatmap(
+            "Latency distribution",
+            f"sum by (le) (increase({bucket}{{{RUN}}}{rate}))",
+            "s",
+            description="Requests per latency bucket in each interval, every selected run and "
+            "replica together (serve/latency/bucket/{le}, cumulative on /metrics).",
         ),
         panel(
             "Tokens generated per second",

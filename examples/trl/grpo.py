@@ -2,7 +2,9 @@
 
 A tiny Llama built from a config, a character tokenizer and prompts made here, and a reward
 for long answers: it runs on a CPU with nothing downloaded. Swap in your model, dataset and
-reward functions; the rlpulse parts are the callback and ``ExactGRPOTrainer.compute_loss``.
+reward functions. ``RlpulseCallback`` alone makes TRL's loss metrics (``loss``, ``entropy``,
+``kl``, ``clip_ratio/*_mean``) exact, pooled over every process's tokens; ``ExactGRPOTrainer``
+shows the fallback for metrics of your own (advantages, completion lengths).
 
     python -m rlpulse.collector --config examples/trl/collector.yaml &
     RLPULSE_ADDRESS=tcp://127.0.0.1:5555 python examples/trl/grpo.py --run-name grpo-tiny
@@ -56,8 +58,11 @@ class ExactGRPOTrainer(GRPOTrainer):
         return super().compute_loss(model, inputs, *args, **kwargs)
 
 
-def tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> LlamaForCausalLM:
-    """A one-layer Llama sized for a CPU, with random weights (nothing downloaded)."""
+def tiny_model(
+    tokenizer: PreTrainedTokenizerBase, seed: int = 0, init_std: float = 0.02
+) -> LlamaForCausalLM:
+    """A one-layer Llama sized for a CPU, with random weights (nothing downloaded); a larger
+    ``init_std`` gives peakier, more varied next-token distributions."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -70,6 +75,7 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> LlamaForCau
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        initializer_range=init_std,
     )
     return LlamaForCausalLM(config)
 
@@ -84,10 +90,10 @@ def prompts() -> Dataset:
     return Dataset.from_dict({"prompt": list(PROMPTS) * 4})
 
 
-def grpo_config(output_dir: str, steps: int = 3) -> GRPOConfig:
+def grpo_config(output_dir: str, steps: int = 3, **overrides: Any) -> GRPOConfig:
     """4 completions per prompt, up to 8 tokens; two micro-batches of 4 completions per process
-    and optimizer step; a log every step."""
-    return GRPOConfig(
+    and optimizer step; a log every step. ``overrides``: other ``GRPOConfig`` fields."""
+    settings: dict[str, Any] = dict(
         output_dir=output_dir,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
@@ -100,6 +106,7 @@ def grpo_config(output_dir: str, steps: int = 3) -> GRPOConfig:
         save_strategy="no",
         seed=0,
     )
+    return GRPOConfig(**{**settings, **overrides})
 
 
 def make_trainer(
@@ -107,13 +114,15 @@ def make_trainer(
     output_dir: str,
     steps: int = 3,
     trainer_class: type[ExactGRPOTrainer] = ExactGRPOTrainer,
+    init_std: float = 0.02,
+    **overrides: Any,
 ) -> ExactGRPOTrainer:
-    """The tiny GRPO job, streaming through ``rlpulse``."""
+    """The tiny GRPO job, streaming through ``rlpulse`` (``overrides``: ``GRPOConfig`` fields)."""
     tokenizer = build_tokenizer()
     return trainer_class(
-        model=tiny_model(tokenizer),
+        model=tiny_model(tokenizer, init_std=init_std),
         reward_funcs=reward_length,
-        args=grpo_config(output_dir, steps),
+        args=grpo_config(output_dir, steps, **overrides),
         train_dataset=prompts(),
         processing_class=tokenizer,
         rlpulse=rlpulse,

@@ -6,7 +6,9 @@ Importing this package imports neither framework; each module imports its own on
   ``Tracking`` (``rlpulse.trainer.logger=['console','rlpulse']``); ``worker_producer()`` for metrics
   logged exactly from inside verl's workers.
 * :mod:`rlpulse.producer.integrations.trl`: ``RlpulseCallback``, a ``TrainerCallback`` for TRL's
-  trainers (``GRPOTrainer`` and the rest of the ``transformers.Trainer`` family).
+  trainers (``GRPOTrainer`` and the rest of the ``transformers.Trainer`` family); for
+  ``GRPOTrainer`` and ``RLOOTrainer`` it also logs their loss metrics exactly, per
+  micro-batch, from every process (:mod:`rlpulse.producer.integrations.trl_loss`).
 * :mod:`rlpulse.producer.integrations.driver`: what both share, the *driver value* policy: numbers a
   framework already reduced across ranks before logging them are sent once, by one process,
   and never merged again.

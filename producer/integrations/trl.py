@@ -10,8 +10,14 @@ and never merged again. The exceptions are each process's own timings (``step_ti
 ``train_runtime``, ``train_*_per_second``): the main process's are sent, as TRL's
 ``log_history`` and its trackers (which log from the main process only) show them.
 
-Every process's producer (``callback.producer``) is there for metrics logged exactly from the
-training step itself, e.g. ``Masked(advantages, completion_mask)`` in ``compute_loss``: the
+With ``exact=True`` (the default) the callback also hooks the trainer object it runs in
+(:mod:`rlpulse.producer.integrations.trl_loss`): for ``GRPOTrainer`` and ``RLOOTrainer`` every
+process logs ``loss``, ``entropy``, ``kl`` and ``clip_ratio/*_mean`` of each training
+micro-batch as mergeable states, the collector pools them over the step's tokens (or
+sequences), and the main process leaves TRL's averaged values of those names out. No subclass.
+
+Every process's producer (``callback.producer``) is there for metrics of your own logged from
+the training step itself, e.g. ``Masked(advantages, completion_mask)`` in ``compute_loss``: the
 collector pools them over every process's tokens. A step ``k`` is finished on every process
 when step ``k + 1`` begins (``on_step_begin``), and the producers close at ``on_train_end``.
 
@@ -21,16 +27,24 @@ when step ``k + 1`` begins (``on_step_begin``), and the producers close at ``on_
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from rlpulse.producer.client import Producer
 from rlpulse.producer.config import DEFAULT, ProducerConfig
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
+from rlpulse.producer.integrations.trl_loss import LossHook
 
 log = logging.getLogger("rlpulse.integrations.trl")
 
@@ -42,8 +56,12 @@ class RlpulseCallback(TrainerCallback):
     * ``run``: the run name (default ``args.run_name``, else the output directory's name).
     * ``role``: the processes' role (default ``trl``); ``expected_roles`` adds other roles
       of the run that log too.
+    * ``exact``: log the trainer's loss metrics per micro-batch from every process
+      (:mod:`~rlpulse.producer.integrations.trl_loss`; default True). On a TRL version the hook
+      was not tested with, ``GRPOTrainer.train()`` stops at start naming the version (pass False
+      there); other trainers are not hooked.
     * ``worker_side``: metrics the processes log exactly themselves; the main process leaves
-      TRL's value of them out.
+      TRL's value of them out (the ``exact`` names are added).
     * ``config_dir``: where the run's configuration (the training arguments and the model's
       config) is saved as ``config.yaml``, ``{run}`` filled in; None: not saved.
     * ``producer_config``: the producers' buffers and timings.
@@ -60,6 +78,7 @@ class RlpulseCallback(TrainerCallback):
         run: str | None = None,
         role: str = "trl",
         expected_roles: Mapping[str, int] | None = None,
+        exact: bool = True,
         worker_side: Iterable[str] = (),
         config_dir: str | None = "runs/{run}",
         producer_config: ProducerConfig = DEFAULT,
@@ -71,12 +90,16 @@ class RlpulseCallback(TrainerCallback):
         self.run = run
         self.role = role
         self.expected_roles = dict(expected_roles or {})
+        self.exact = exact
         self.worker_side = tuple(worker_side)
         self.config_dir = config_dir
         self.producer_config = producer_config
         self._factory = producer_factory
         self._producer: Producer | None = None
         self._stream: DriverStream | None = None
+        self._detach: Callable[[], None] | None = None
+        self.exact_names: tuple[str, ...] = ()
+        """The names logged per micro-batch (empty until training begins, or not hooked)."""
         self.config_path: Path | None = None
 
     @property
@@ -100,6 +123,8 @@ class RlpulseCallback(TrainerCallback):
         if self._producer is not None:
             return
         run = self.run or args.run_name or Path(args.output_dir or "trl").name
+        trainer = self._trainer() if self.exact else None
+        hook = LossHook.for_trainer(trainer) if trainer is not None else None
         self._producer = self._factory(
             self.address,
             run=run,
@@ -107,10 +132,16 @@ class RlpulseCallback(TrainerCallback):
             rank=args.process_index,
             world_size=args.world_size,
             expected_roles={**self.expected_roles, self.role: args.world_size},
+            reductions=hook.reductions() if hook is not None else None,
             config=self.producer_config,
         )
+        if hook is not None:
+            self.exact_names = hook.names()
+            self._detach = hook.attach(trainer, self._producer, self._exact_failed)
         if state.is_world_process_zero:
-            self._stream = DriverStream(self._producer, worker_side=self.worker_side)
+            self._stream = DriverStream(
+                self._producer, worker_side=(*self.worker_side, *self.exact_names)
+            )
             if self.config_dir is not None:
                 model = kwargs.get("model")
                 model_config = getattr(model, "config", None)
@@ -151,6 +182,9 @@ class RlpulseCallback(TrainerCallback):
         control: TrainerControl,
         **kwargs: Any,
     ) -> None:
+        detach, self._detach = self._detach, None
+        if detach is not None:
+            detach()
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()
@@ -158,3 +192,27 @@ class RlpulseCallback(TrainerCallback):
             lost = stats["unacked"] + stats["dropped_send"]
             if lost:
                 log.warning("rlpulse: %d messages not acknowledged at the end of training", lost)
+
+    # ------------------------------------------------------------------ the exact hook
+
+    def _trainer(self) -> Trainer | None:
+        """The Trainer whose ``on_train_begin`` is running: transformers hands callbacks no
+        trainer, so it is the caller's ``self`` (``Trainer._inner_training_loop``) holding this
+        callback. None (and a warning) if there is none."""
+        frame = inspect.currentframe()
+        try:
+            while frame is not None:
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, Trainer) and self in owner.callback_handler.callbacks:
+                    return owner
+                frame = frame.f_back
+        finally:
+            del frame
+        log.warning("rlpulse: no Trainer found calling on_train_begin; TRL's own values are sent")
+        return None
+
+    def _exact_failed(self, message: str) -> None:
+        """The hook stopped (see :meth:`LossHook.attach`): TRL's values of its names again."""
+        self.exact_names = ()
+        if self._stream is not None and self._producer is not None:
+            self._stream = DriverStream(self._producer, worker_side=self.worker_side)

@@ -14,7 +14,7 @@ from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import metrics
 
 ADV = "critic/advantages"
-assert CATALOG.resolve(ADV).reduction.name == "MEAN"
+assert CATALOG.resolve(ADV).reduction.name in ("MEAN", "DIST")  # its row pools as a mean
 
 
 def hello(pid: int, run: str = "r", rank: int = 0, ws: int = 2, resume: bool = False) -> P.Hello:

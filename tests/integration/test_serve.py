@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpulse.collector.launch import CollectorProcess, start_collector
@@ -52,6 +53,8 @@ class Served:
     proc: subprocess.Popen
     collector: CollectorProcess
     jsonl: Path
+    metrics_url: str
+    """The collector's Prometheus sink."""
     checkpoint: Path
     log: Path
     sent: Counter[str] = field(default_factory=Counter)
@@ -83,8 +86,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("serve")
     checkpoint = make_checkpoint(tmp / "actor")
     jsonl = tmp / "metrics.jsonl"
+    prom_port = _free_port()
     collector = start_collector(
-        {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(jsonl)}}, "grace_s": 30},
+        {
+            "track_with": ["jsonl", "prometheus"],
+            "tracker_kwargs": {
+                "jsonl": {"path": str(jsonl)},
+                "prometheus": {"host": "127.0.0.1", "port": prom_port},
+            },
+            "grace_s": 30,
+        },
         stdout=subprocess.DEVNULL,
         stderr=(tmp / "collector.log").open("w"),
     )
@@ -101,7 +112,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ}
     )
-    server = Served(f"http://127.0.0.1:{port}", proc, collector, jsonl, checkpoint, log)
+    metrics_url = f"http://127.0.0.1:{prom_port}/metrics"
+    server = Served(
+        f"http://127.0.0.1:{port}", proc, collector, jsonl, metrics_url, checkpoint, log
+    )
     deadline = time.monotonic() + 120
     while True:
         assert proc.poll() is None, log.read_text()
@@ -232,6 +246,7 @@ def test_other_paths_and_methods_are_not_generate_requests(served: Served) -> No
 def test_the_collector_counted_every_request_the_tests_sent(served: Served) -> None:
     served.proc.send_signal(signal.SIGTERM)  # uvicorn shuts down: the last window is reported
     assert served.proc.wait(60) == 0, served.log.read_text()
+    scraped = _scrape_when(served, lambda s: s.get(("count", "")) == sum(served.sent.values()))
     assert served.collector.stop() == 0
     records = [json.loads(line) for line in served.jsonl.read_text().splitlines()]
     steps = [r for r in records if r["run"] == RUN]
@@ -266,3 +281,41 @@ def test_the_collector_counted_every_request_the_tests_sent(served: Served) -> N
         for m in metrics
     )
     assert {r["roles"].get(S.SERVE_REQUESTS.name) for r in steps} == {SERVE}
+    # Prometheus: the latency is one cumulative histogram over every window, errors are
+    # counters by kind; no gauge of one window's buckets or errors is left on /metrics
+    answered = sum(served.sent.values())
+    assert scraped[("bucket", "+Inf")] == scraped[("count", "")] == answered
+    les = sorted((float(le), v) for (part, le), v in scraped.items() if part == "bucket")
+    assert [v for _, v in les] == sorted(v for _, v in les)  # cumulative
+    assert scraped[("sum", "")] == pytest.approx(
+        sum(m[summary[Stat.MEAN]] * m[S.SERVE_REQUESTS.name] for m in busy), rel=1e-6
+    )
+    for kind in S.ERROR_KINDS:
+        assert scraped[("errors", kind)] == served.sent[kind], kind
+    assert not any(part == "stale" for part, _ in scraped)
+
+
+def _scrape_when(served: Served, done: Callable[[dict], bool]) -> dict[tuple[str, str], float]:
+    """The run's serve latency histogram and errors on the collector's /metrics, once
+    ``done`` says they are complete: ``(part, le or kind) -> value``."""
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(served.metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        got: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.labels.get("run") != RUN:
+                    continue
+                name = sample.name
+                if name.startswith("rlpulse_serve_latency_seconds_"):
+                    part = name.rsplit("_", 1)[1]
+                    got[(part, sample.labels.get("le", ""))] = sample.value
+                elif name == "rlpulse_serve_errors_total":
+                    got[("errors", sample.labels["kind"])] = sample.value
+                elif name.startswith(("rlpulse_serve_latency_bucket", "rlpulse_serve_errors_")):
+                    got[("stale", name)] = sample.value
+        if done(got):
+            return got
+        assert time.monotonic() < deadline, sorted(got.items())
+        time.sleep(0.2)

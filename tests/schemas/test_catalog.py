@@ -67,12 +67,12 @@ def test_every_reference_name_is_in_the_catalog(name: str) -> None:
 
 
 def test_families_are_one_entry_with_three_outputs() -> None:
-    r = CATALOG.resolve(M.CRITIC_ADVANTAGES.name)
+    r = CATALOG.resolve(M.CRITIC_RETURNS.name)  # (critic/advantages is a distribution)
     assert r.reduction is Reduction.MEAN
     assert r.outputs == {
-        Stat.MEAN: "critic/advantages/mean",
-        Stat.MAX: "critic/advantages/max",
-        Stat.MIN: "critic/advantages/min",
+        Stat.MEAN: "critic/returns/mean",
+        Stat.MAX: "critic/returns/max",
+        Stat.MIN: "critic/returns/min",
     }
     assert set(CATALOG.resolve(M.ACTOR_RATIO.name).outputs.values()) == {
         "actor/ratio_mean",

@@ -58,7 +58,12 @@ class ActorTrainWorker(Worker):
         """Old-policy log-probs and entropy of this rank's shard."""
         with self.phase(COMPUTE_LOG_PROBS, step, self.mover):
             out = self.trainer.log_probs(shard)
-        self.producer.log(emit.old_log_probs(out.log_probs, out.entropy, shard.response_mask), step)
+        self.producer.log(
+            emit.old_log_probs(
+                out.log_probs, out.entropy, shard.response_mask, shard.rollout_log_probs
+            ),
+            step,
+        )
         return out
 
     def train_step(self, step: int, shard: RolloutBatch, kl_coef: float) -> dict[str, float]:

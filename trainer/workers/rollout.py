@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -32,6 +33,8 @@ class RolloutWorker(Worker):
         self.model.load_state_dict(weights)
         self.model.eval().requires_grad_(False)
         self.engine: VLLMEngine | None = None
+        self.policy_version = -1
+        """The step whose weights the engine holds (its latest model_update)."""
         if self.use_vllm:
             # vLLM starts from a HuggingFace directory; later weights arrive in memory.
             model_dir = tempfile.mkdtemp(prefix="rlpulse-vllm-")
@@ -61,6 +64,7 @@ class RolloutWorker(Worker):
                 self.engine.load_weights(weights.items())
             else:
                 self.model.load_state_dict(weights)
+        self.policy_version = step
         return True
 
     def generate(self, step: int, prompts: Sequence[str], greedy: bool = False) -> Generation:
@@ -69,8 +73,12 @@ class RolloutWorker(Worker):
             if self.engine is not None:
                 ids, mask = encode_prompts(self.tokenizer, prompts)
                 rows = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
-                responses = self.engine.generate(rows, cfg.temperature, cfg.top_p, greedy)
-                out = assemble_batch(ids, mask, responses, cfg.max_new_tokens, self.tokenizer)
+                responses, log_probs = self.engine.generate(
+                    rows, cfg.temperature, cfg.top_p, greedy
+                )
+                out = assemble_batch(
+                    ids, mask, responses, cfg.max_new_tokens, self.tokenizer, log_probs
+                )
             else:
                 out = generate_hf(
                     self.model,
@@ -81,4 +89,4 @@ class RolloutWorker(Worker):
                     top_p=cfg.top_p,
                     greedy=greedy,
                 )
-        return out
+        return dataclasses.replace(out, policy_version=self.policy_version)
