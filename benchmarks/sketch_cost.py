@@ -1,9 +1,10 @@
 """What a distribution metric (``Reduction.DIST``: mean/max/min plus a quantile sketch) costs
 beside a plain mean/max/min family, in ``log()`` and in the collector (issue 26).
 
-* **log(), host**: the caller's reduction of a float32 array (1k and 1M elements, plain and
-  masked with 80% kept): ``reduce_value`` (mean/max/min) against ``sketch_value`` (the same
-  state plus the sketch, encoded).
+* **log(), host**: a float32 array (1k and 1M elements, plain and masked with 80% kept):
+  ``reduce_value`` (mean/max/min, in the caller) against, for a distribution, what the
+  caller does (``snapshot_value``: select and copy the samples) and what the sender thread
+  then does (``sketch_value``: the exact state plus the encoded sketch).
 * **log(), GPU** (only with CUDA): device time of the side-stream kernels for 1M elements,
   ``reduce_tensor`` against ``reduce_tensor`` + ``sketch_tensor``, and the host time of the
   launch (no synchronization in either).
@@ -29,7 +30,7 @@ from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.producer import Masked
 from rlpulse.producer.reduce import reduce_value
-from rlpulse.producer.sketch import sketch_value
+from rlpulse.producer.sketch import sketch_value, snapshot_value
 from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.messages import TableDecl
 from rlpulse.schemas.reductions import Reduction
@@ -65,10 +66,15 @@ def host_rows(calls: int) -> list[str]:
         mask = rng.random(n) < 0.8
         for label, value in ((f"{n:,} float32", x), (f"{n:,} float32, masked", Masked(x, mask))):
             t = interleave(
-                {"mmm": lambda v=value: reduce_value(v), "dist": lambda v=value: sketch_value(v)},
+                {
+                    "mmm": lambda v=value: reduce_value(v),
+                    "caller": lambda v=value: snapshot_value(v),
+                    "sender": lambda v=value: sketch_value(v),
+                },
                 calls,
             )
-            out.append(row(f"log(), host: {label}", t["mmm"], t["dist"]))
+            out.append(row(f"log() caller, host: {label}", t["mmm"], t["caller"]))
+            out.append(row(f"sender thread, host: {label}", t["mmm"], t["sender"]))
     return out
 
 
