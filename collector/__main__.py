@@ -1,15 +1,12 @@
-"""The rlpulse collector and its tools.
+"""The rlpulse collector daemon (``rlpulse collector``), and its key maker.
 
 commands:
   python -m rlpulse.collector --config FILE [--bind ADDRESS]   run the collector daemon
-  python -m rlpulse.collector report RUN.jsonl [...]           a PNG of one run's main curves
-  python -m rlpulse.collector compare A.jsonl B.jsonl [...]    a table comparing runs side by side
   python -m rlpulse.collector keygen DIR NAME [--force]        make a CurveZMQ key pair
-  python -m rlpulse.collector register --url URL --run R --role ROLE [...] [-- COMMAND ...]
-                                                       keep a /metrics endpoint registered
 
-``report``, ``compare``, ``keygen`` and ``register`` take ``--help`` of their own. A bad
-configuration exits with status 2 and a message naming the field.
+The run tools and endpoint registration are commands of ``rlpulse`` (``rlpulse report``,
+``rlpulse compare``, ``rlpulse register``: ``rlpulse.cli``), which sits above the collector and
+the producer. A bad configuration exits with status 2 and a message naming the field.
 """
 
 from __future__ import annotations
@@ -73,14 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])
-    if argv[:1] == ["register"]:
-        from rlpulse.producer.register import main as register
-
-        return register(argv[1:])
-    if argv[:1] in (["report"], ["compare"]):
-        from rlpulse.runtools.cli import main as run_tools
-
-        return run_tools(argv)
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -31,8 +31,10 @@ from rlpulse.collector.discovery import TargetPolicy
 from rlpulse.collector.sinks import SINKS, sink_class
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.messages import DEFAULT_LIMITS
+from rlpulse.wire.rendezvous import DEFAULT_ADDRESS
 
-DEFAULT_BIND = "tcp://127.0.0.1:5555"
+DEFAULT_BIND = DEFAULT_ADDRESS
+"""Where the collector listens by default: the address producers use by default."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

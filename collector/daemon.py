@@ -83,7 +83,7 @@ class Collector:
         environ: Mapping[str, str] = os.environ,
     ) -> None:
         self.config = config
-        self.health = Health()
+        self.health = Health(sinks=self._sink_stats)
         self.health.state_writable = 1
         self._clock = clock
         self._stalled_since: float | None = None
@@ -120,22 +120,20 @@ class Collector:
                 name: build_sink(name, kwargs, ctx, environ)
                 for name, kwargs in config.trackers.items()
             }
-        for sink in sinks.values():
-            sink.open()
-            self._opened.append(sink)
         if config.state_dir:
             self.durable = DurableState(config.state_dir, config)
         self.fanout = FanOut(sinks, config, durable=self.durable)
-        self.health.sinks = self.fanout.stats
-        kind = Aggregator if relay is None else RelayAggregator
-        self.aggregator = kind(
-            self.durable.emit if self.durable else self.fanout.put,
-            config,
-            health=self.health,
-            catalog=CATALOG,
+        # Opened only now: an open sink may read the health snapshot (a prometheus scrape),
+        # which holds the fan-out's counters (_sink_stats).
+        for sink in sinks.values():
+            sink.open()
+            self._opened.append(sink)
+        emit = self.durable.emit if self.durable else self.fanout.put
+        self.aggregator = (
+            Aggregator(emit, config, health=self.health, catalog=CATALOG)
+            if relay is None
+            else RelayAggregator(emit, config, relay_id=relay, health=self.health, catalog=CATALOG)
         )
-        if isinstance(self.aggregator, RelayAggregator):
-            self.aggregator.relay_id = relay
         self.delivery = Delivery(self.health, clock=clock)
         self.limits = protocol.Limits(
             max_bytes=config.max_message_bytes,
@@ -149,6 +147,11 @@ class Collector:
         self.receiver = Receiver(
             self._endpoint.socket, self.limits, self.health, self._endpoint.monitor
         )
+
+    def _sink_stats(self) -> dict[str, dict[str, float]]:
+        """Every sink's counters, for the health snapshot: read by a scrape, once the sinks
+        are open, so after the fan-out is built."""
+        return self.fanout.stats()
 
     def _abort(self) -> None:
         for sink in self._opened:

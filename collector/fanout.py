@@ -70,7 +70,6 @@ class SinkWorker:
         self.written = 0
         self.errors = 0
         self.dropped = 0
-        self.backlog: Callable[[], int] = self._queue.qsize
         self.thread = threading.Thread(target=self._run, name=f"rlpulse-sink-{name}", daemon=True)
 
     def start(self) -> None:
@@ -85,7 +84,7 @@ class SinkWorker:
     def put(self, record: StepRecord) -> None:
         """Queue a step (in-memory feed) or say the outbox has more; never blocks."""
         if self.reader is not None:
-            self._notify.set()
+            self.wake()
             return
         try:
             self._queue.put_nowait((self._clock(), record))
@@ -95,6 +94,17 @@ class SinkWorker:
                 "full",
                 f"sink {self.name}: queue full (sink slow or stuck); dropped step {record.step} of run {record.run!r}",
             )
+
+    def wake(self) -> None:
+        """The outbox has new steps: read them now instead of at the next poll."""
+        self._notify.set()
+
+    def backlog(self) -> int:
+        """Steps not yet written: queued, or in the outbox past this sink's cursor."""
+        reader = self.reader
+        if reader is None:
+            return self._queue.qsize()
+        return max(0, reader.state.next_record_seq - 1 - reader.last_seq)
 
     def stats(self) -> dict[str, float]:
         oldest = self._busy_since
@@ -234,11 +244,6 @@ class FanOut:
             )
             for name, sink in sinks.items()
         ]
-        if durable is not None:
-            for worker in self.workers:
-                worker.backlog = lambda w=worker: max(
-                    0, durable.next_record_seq - 1 - _written_seq(w)
-                )
         self._closed = False
 
     def start(self) -> None:
@@ -252,7 +257,7 @@ class FanOut:
     def notify(self) -> None:
         """The outbox has new steps (after a commit)."""
         for worker in self.workers:
-            worker._notify.set()
+            worker.wake()
 
     def stats(self) -> dict[str, dict[str, float]]:
         return {w.name: w.stats() for w in self.workers}
@@ -276,8 +281,3 @@ class FanOut:
                     self.close_s,
                 )
         return abandoned
-
-
-def _written_seq(worker: SinkWorker) -> int:
-    reader = worker.reader
-    return reader.last_seq if reader is not None else 0

@@ -85,7 +85,12 @@ SINK_METRICS: tuple[SelfMetric, ...] = (
 
 
 class Health:
-    """Counters of the receive and aggregate path. ``sinks`` is filled in by the fan-out."""
+    """Counters of the receive and aggregate path. ``sinks`` gives every sink's counters
+    (``FanOut.stats``) for :meth:`snapshot`; without it there are none.
+
+    >>> Health(sinks=lambda: {"jsonl": {"written": 3}}).snapshot()["sinks"]
+    {'jsonl': {'written': 3}}
+    """
 
     messages_received = SelfMetric(
         "rlpulse_collector_messages_received_total", "Messages the collector received."
@@ -191,12 +196,12 @@ class Health:
         "default, or a host not in sd_targets.allow); once per registration.",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, sinks: Callable[[], Mapping[str, Mapping[str, float]]] = dict) -> None:
         for metric in self.declared():
             setattr(self, metric.key, 0)
         self.malformed: Counter[str] = Counter()
         self.producer_stats: dict[int, Mapping[str, int]] = {}
-        self.sinks: Callable[[], Mapping[str, Mapping[str, float]]] = dict
+        self._sinks = sinks
 
     @classmethod
     def declared(cls) -> Iterator[SelfMetric]:
@@ -217,7 +222,7 @@ class Health:
         out: dict[str, Any] = {m.key: getattr(self, m.key) for m in self.declared()}
         out["producer_dropped"] = self.producer_dropped()
         out["malformed"] = dict(self.malformed)
-        out["sinks"] = {k: dict(v) for k, v in self.sinks().items()}
+        out["sinks"] = {k: dict(v) for k, v in self._sinks().items()}
         return out
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.producer.env import RAY_NAMESPACE, relay_actor_name
+from rlpulse.wire.rendezvous import RAY_NAMESPACE, relay_actor_name
 
 log = logging.getLogger("rlpulse.collector.onray")
 RESTART_WAIT_S = 60.0

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +40,13 @@ import numpy as np
 
 from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.health import Health
 from rlpulse.collector.membership import ProducerInfo, Slot
 from rlpulse.collector.steps import RunSteps, StepState
 from rlpulse.schemas import protocol
+from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.messages import Member, Table, TableDecl
+from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.sketch import encode as encode_sketch
 
 log = logging.getLogger("rlpulse.collector.relay")
@@ -114,15 +117,24 @@ class RelayAggregator(Aggregator):
 
     decides_attempts = False
 
-    def __init__(self, emit: Any, config: CollectorConfig, **kwargs: Any) -> None:
-        super().__init__(emit, config, **kwargs)
+    def __init__(
+        self,
+        emit: Callable[[Any], None],
+        config: CollectorConfig,
+        *,
+        relay_id: int,
+        health: Health | None = None,
+        catalog: Catalog = CATALOG,
+    ) -> None:
+        super().__init__(emit, config, health=health, catalog=catalog)
+        self.relay_id = relay_id
+        """The producer id this relay has upstream (``rlpulse.collector.upstream.relay_id``,
+        persisted in ``state_dir``)."""
         self.next_seq = 1
         self.forwarded: dict[str, _Forwarded] = {}
         self.tables: dict[Table, int] = {}
         self.announced: dict[int, Member] = {}
         self._dirty: list[TableDecl] = []
-        self.relay_id = 0
-        """Set by the daemon: the producer id this relay has upstream (persisted)."""
         self._now = 0.0
         self._last_sent = -HEARTBEAT_S
 

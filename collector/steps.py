@@ -36,15 +36,12 @@ from rlpulse.schemas.reductions import QUANTILE_STATS, Reduction, Stat
 from rlpulse.schemas.sketch import encode as encode_sketch
 from rlpulse.schemas.spans import Span
 from rlpulse.schemas.values import (
-    MAX,
-    MIN,
-    SUM,
-    WEIGHT,
     WIDTH,
     empty_rows,
     invalid_rows,
     merge_rows,
     read_rows,
+    reduce_rows,
 )
 
 log = logging.getLogger("rlpulse.collector")
@@ -355,16 +352,8 @@ class RunSteps:
                 return
             rows = rows[good]
             k = len(good)
-        if k == 1:
-            merged = rows[0]
-        else:
-            merged = np.empty((layout.size, WIDTH))
-            rows[:, :, SUM].sum(axis=0, out=merged[:, SUM])
-            rows[:, :, WEIGHT].sum(axis=0, out=merged[:, WEIGHT])
-            np.fmin.reduce(rows[:, :, MIN], axis=0, out=merged[:, MIN])
-            np.fmax.reduce(rows[:, :, MAX], axis=0, out=merged[:, MAX])
-            if layout.touches_last:  # the latest entry's value, not a sum over entries
-                merged[:, SUM] = np.where(layout.last_all, rows[-1, :, SUM], merged[:, SUM])
+        # Entries in arrival order, so LAST metrics keep the latest entry's value.
+        merged = reduce_rows(rows, layout.last_all if layout.touches_last else None)
         if layout.keep is not None:
             merged = merged[layout.keep]
         if not len(merged):

@@ -60,8 +60,7 @@ class UpstreamSink(Sink):
 
     def _link(self) -> Any:
         if self._transport is None:
-            from rlpulse.producer.env import load_curve
-            from rlpulse.producer.transport import ZmqTransport
+            from rlpulse.wire.transport import ZmqTransport, load_curve
 
             keys = self.config.upstream_curve
             curve = load_curve(keys["server_key"], keys["client_cert"]) if keys else None
@@ -71,7 +70,7 @@ class UpstreamSink(Sink):
 
     def _pump(self, wait_s: float) -> None:
         """Connection events and acknowledgements, waiting up to ``wait_s`` for one."""
-        from rlpulse.producer.transport import Link
+        from rlpulse.wire.transport import Link
 
         link = self._link()
         for event in link.events(wait_s if not self._connected else 0.0):

@@ -35,10 +35,9 @@ from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue, reduce_value
-from rlpulse.producer.sender import DONE, FLUSH, LOG, Sender
+from rlpulse.producer.sender import Call, Done, Flush, Item, Sender
 from rlpulse.producer.sketch import dist_names, snapshot_value
 from rlpulse.producer.stats import Counters, combine
-from rlpulse.producer.transport import CurveKeys, Transport, ZmqTransport
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
 from rlpulse.schemas.errors import SchemaError
@@ -46,6 +45,7 @@ from rlpulse.schemas.messages import U63_MAX
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.protocol import DEFAULT_LIMITS, new_producer_id
 from rlpulse.schemas.reductions import Reduction
+from rlpulse.wire.transport import CurveKeys, Transport, ZmqTransport
 
 log = logging.getLogger("rlpulse.producer")
 _SIMPLE = frozenset((float, int))
@@ -129,7 +129,7 @@ class Producer:
         self.run, self.role, self.rank, self.world_size = run, role, rank, world_size
         self.config = config
         self.logs = logs
-        self._queue: deque = deque()
+        self._queue: deque[Item] = deque()
         self._wake = threading.Event()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -248,7 +248,7 @@ class Producer:
                 waits = (*waits, *call.seal())
             if deferred:
                 payload.update(deferred)
-            self._queue.append((LOG, step, time.time(), payload, waits, phase))
+            self._queue.append(Call(step, time.time(), payload, waits, phase))
             c.logged += 1
             if not self._wake.is_set():
                 self._wake.set()
@@ -295,7 +295,7 @@ class Producer:
         for it."""
         if self._closed or not self.logs or type(step) is not int or not 0 <= step <= U63_MAX:
             return
-        self._queue.append((DONE, step))
+        self._queue.append(Done(step))
         self._wake.set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -306,7 +306,7 @@ class Producer:
         if self._closed or not self._sender.is_alive():
             return False
         done = threading.Event()
-        self._queue.append((FLUSH, done))
+        self._queue.append(Flush(done))
         self._wake.set()
         return done.wait(timeout)
 
@@ -319,9 +319,7 @@ class Producer:
             self._closed = True
         atexit.unregister(self._atexit)
         limit = self.config.close_timeout_s if timeout is None else timeout
-        self._sender.close_timeout_s = limit
-        self._sender.stopping.set()
-        self._wake.set()
+        self._sender.stop(limit)
         self._sender.join(limit + 1.0)
         if self._sender.is_alive():
             log.error(

@@ -10,7 +10,7 @@ is split across the two threads of a producer:
   is recorded on that stream. No reduction, no host copy, no ``.item()``: a few microseconds of
   launches whatever is queued on the GPU.
 * **In the sender thread**: a side stream waits for the event (on the GPU, not the host),
-  reduces every snapshot in a handful of kernels (:func:`reduce_tensor`), copies the small
+  reduces every snapshot in a handful of kernels (``reduce.reduce_tensor``), copies the small
   result into pinned memory asynchronously and records a second event. The sender polls that
   event and encodes the entry once it has completed, keeping entries in order.
 
@@ -25,7 +25,6 @@ through a fake of it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -37,38 +36,13 @@ from rlpulse.producer.reduce import (
     Reduced,
     finish,
     fraction_state,
+    reduce_tensor,
     scalar as host_scalar,
     scalar_state,
     weighted_state,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
 from rlpulse.schemas.sketch import SLOTS, encode as encode_sketch, torch_counts
-
-
-def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
-    """``[sum, count, min, max, nonfinite]`` (float64, on the tensor's device) of the finite
-    samples of ``values`` (where ``mask`` is true). Queued kernels only: nothing is read back.
-    ``min``/``max`` are +inf/-inf when no sample is valid; ``values`` must not be empty."""
-    v = values.reshape(-1)
-    if not v.is_floating_point():
-        v = v.to(torch.float64)  # ints and bools: exact in float64, and inf representable
-    valid = torch.isfinite(v)
-    if mask is None:
-        nonfinite = v.numel() - valid.sum()
-    else:
-        m = mask.reshape(-1).to(torch.bool)
-        nonfinite = (m & ~valid).sum()
-        valid &= m
-    f64 = torch.float64
-    return torch.stack(
-        [
-            torch.where(valid, v, 0).sum(dtype=f64),
-            valid.sum().to(f64),
-            torch.where(valid, v, math.inf).amin().to(f64),
-            torch.where(valid, v, -math.inf).amax().to(f64),
-            nonfinite.to(f64),
-        ]
-    )
 
 
 def sketch_tensor(torch: Any, values: Any, mask: Any | None) -> Any:

@@ -7,12 +7,16 @@ import sys
 import time
 from collections.abc import Mapping
 
-from rlpulse.producer.transport import CurveKeys
 from rlpulse.schemas.errors import ConfigError
+from rlpulse.wire.rendezvous import (
+    DEFAULT_ADDRESS as DEFAULT_ADDRESS,
+    RAY_NAMESPACE,
+    relay_actor_name,
+)
+from rlpulse.wire.transport import CurveKeys as CurveKeys, load_curve as load_curve
 
 ADDRESS_VAR = "RLPULSE_ADDRESS"
 """Collector address for workers that are not told one (Ray actors inherit it via runtime_env)."""
-DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
 
 RESUME_VAR = "RLPULSE_RESUME"
@@ -48,15 +52,6 @@ def expected_roles_from_env(environ: Mapping[str, str] = os.environ) -> dict[str
             )
         roles[role.strip()] = int(size)
     return roles
-
-
-RAY_NAMESPACE = "rlpulse"
-"""The Ray namespace of the collectors ``rlpulse.collector.onray`` starts."""
-
-
-def relay_actor_name(job_id: str, node_id: str) -> str:
-    """The name of the relay ``rlpulse.collector.onray`` runs for a Ray job on a node."""
-    return f"relay-{job_id}-{node_id}"
 
 
 def default_address(environ: Mapping[str, str] = os.environ) -> str:
@@ -109,17 +104,3 @@ def curve_from_env(environ: Mapping[str, str] = os.environ) -> CurveKeys | None:
             f"set both {CURVE_SERVER_KEY_VAR} and {CURVE_CLIENT_CERT_VAR} for CurveZMQ, or neither"
         )
     return load_curve(server, client)
-
-
-def load_curve(server_key: str, client_cert: str) -> CurveKeys:
-    """Read keys made by ``python -m rlpulse.collector keygen`` (zmq.auth certificate files)."""
-    import zmq.auth
-
-    if os.path.exists(server_key):
-        server_public, _ = zmq.auth.load_certificate(server_key)
-    else:
-        server_public = server_key.encode()
-    public, secret = zmq.auth.load_certificate(client_cert)
-    if secret is None:
-        raise ValueError(f"{client_cert} holds no secret key: pass the *.key_secret file")
-    return CurveKeys(server_public=server_public, public=public, secret=secret)

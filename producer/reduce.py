@@ -11,6 +11,10 @@ The numpy path does the least an exact reduction needs: one float64 sum, a min a
 the data as it is (no float64 copy; a mask selects its samples with one ``np.compress``). A
 finite sum proves every sample finite (a NaN or an infinity would have made it NaN or
 infinite), so the finite check runs only when the sum says something is off.
+
+The torch reduction (:func:`reduce_tensor`) lives here too: the caller uses it for tensors it
+reduces at once, and ``rlpulse.producer.device`` queues it on a side stream. Imports point one
+way: ``device`` -> ``deferred`` -> ``reduce``, never back.
 """
 
 from __future__ import annotations
@@ -126,11 +130,35 @@ def _numpy_view(tensor: Any) -> np.ndarray | None:
         return None
 
 
+def reduce_tensor(torch: Any, values: Any, mask: Any | None) -> Any:
+    """``[sum, count, min, max, nonfinite]`` (float64, on the tensor's device) of the finite
+    samples of ``values`` (where ``mask`` is true). Queued kernels only: nothing is read back.
+    ``min``/``max`` are +inf/-inf when no sample is valid; ``values`` must not be empty."""
+    v = values.reshape(-1)
+    if not v.is_floating_point():
+        v = v.to(torch.float64)  # ints and bools: exact in float64, and inf representable
+    valid = torch.isfinite(v)
+    if mask is None:
+        nonfinite = v.numel() - valid.sum()
+    else:
+        m = mask.reshape(-1).to(torch.bool)
+        nonfinite = (m & ~valid).sum()
+        valid &= m
+    f64 = torch.float64
+    return torch.stack(
+        [
+            torch.where(valid, v, 0).sum(dtype=f64),
+            valid.sum().to(f64),
+            torch.where(valid, v, math.inf).amin().to(f64),
+            torch.where(valid, v, -math.inf).amax().to(f64),
+            nonfinite.to(f64),
+        ]
+    )
+
+
 def reduce_host_tensor(values: Any, mask: Any | None) -> Reduced:
     """Reduce a tensor with torch where it lives, synchronously: CPU tensors numpy cannot
     view, and devices other than CUDA (no deferral there)."""
-    from rlpulse.producer.device import reduce_tensor
-
     torch = _torch()
     if mask is not None:
         if not isinstance(mask, torch.Tensor):

@@ -1,4 +1,4 @@
-"""``python -m rlpulse.collector register``: keep a process's Prometheus endpoint registered with the
+"""``rlpulse register``: keep a process's Prometheus endpoint registered with the
 collector, for an engine you start from a shell (``vllm serve``) rather than from Python.
 
 It holds a :class:`~rlpulse.producer.client.Producer` made with ``metrics_url`` and ``logs=False``
@@ -6,7 +6,7 @@ It holds a :class:`~rlpulse.producer.client.Producer` made with ``metrics_url`` 
 SIGTERM or SIGINT; the collector then lists the endpoint at ``/sd`` for Prometheus, labelled
 with the run, role and rank given here::
 
-    python -m rlpulse.collector register --collector tcp://10.0.0.5:5555 --run grpo-7b \\
+    rlpulse register --collector tcp://10.0.0.5:5555 --run grpo-7b \\
         --role rollout --rank 0 --world-size 4 --url http://10.0.0.7:8000/metrics \\
         -- vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from rlpulse.producer.client import Producer
 
-PROG = "python -m rlpulse.collector register"
+PROG = "rlpulse register"
 
 
 def _parser() -> argparse.ArgumentParser:

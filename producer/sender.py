@@ -12,7 +12,7 @@ cannot be encoded is dropped and counted. A message the collector refused anyway
 acknowledged as rejected, and its calls are counted (``dropped_rejected``), not resent.
 Numbering, acknowledgements and resends are :class:`~rlpulse.producer.outbox.Outbox`'s;
 encoding is :class:`~rlpulse.producer.encode.Encoder`'s; bytes go through a
-:class:`~rlpulse.producer.transport.Transport`.
+:class:`~rlpulse.wire.transport.Transport`.
 """
 
 from __future__ import annotations
@@ -22,22 +22,62 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.deferred import Pending
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.outbox import Outbox, Registration
 from rlpulse.producer.sketch import Samples
 from rlpulse.producer.stats import Counters
-from rlpulse.producer.transport import Link, Transport, TransportError
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
+from rlpulse.wire.transport import Link, Transport, TransportError
 
 log = logging.getLogger("rlpulse.producer")
 
-LOG, DONE, FLUSH = 0, 1, 2
-"""Kinds of queued items: ``(LOG, step, time, payload, waits, phase_end)``, ``(DONE, step)``,
-``(FLUSH, threading.Event)``."""
+
+class Call(NamedTuple):
+    """A queued ``log()`` call: its step and wall time, its values by name (None once its GPU
+    values are lost: then only ``step`` and ``time`` still count), the device work they wait
+    for, and whether it ends a phase (the sender then reads the GPUs).
+
+    >>> Call(7, time.time(), {"actor/pg_loss": 0.31}, (), False).step
+    7
+    """
+
+    step: int
+    time: float
+    payload: dict | None
+    waits: tuple[Pending, ...]
+    phase_end: bool
+
+
+class Done(NamedTuple):
+    """A queued ``step_done(step)``: this rank has finished every step up to ``step``.
+
+    >>> Done(7).step
+    7
+    """
+
+    step: int
+
+
+class Flush(NamedTuple):
+    """A queued ``flush()``: ``acked`` is set once everything queued before it is
+    acknowledged (or the sender stops).
+
+    >>> Flush(threading.Event()).acked.is_set()
+    False
+    """
+
+    acked: threading.Event
+
+
+Item = Call | Done | Flush
+"""What the caller's thread queues for the sender, in order."""
+
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
 """Heartbeats between re-registrations, so a restarted collector learns who we are."""
@@ -60,7 +100,7 @@ class Sender(threading.Thread):
         *,
         config: ProducerConfig,
         registration: Registration,
-        queue: deque,
+        queue: deque[Item],
         wake: threading.Event,
         transport: Transport,
         encoder: Encoder,
@@ -81,14 +121,14 @@ class Sender(threading.Thread):
         self.stats = stats
         self.warn_once = warn_once
         self.nvml = nvml
-        self.stopping = threading.Event()
-        self.close_timeout_s = config.close_timeout_s
+        self._stopping = threading.Event()
+        self._close_timeout_s = config.close_timeout_s
         self.outbox = Outbox(
             max_messages=config.max_unacked,
             max_bytes=config.max_unacked_bytes,
             resend_s=config.resend_s,
         )
-        self._waiting: deque[tuple] = deque()
+        self._waiting: deque[Item] = deque()
         """Queued calls in order, the oldest waiting for its GPU values to arrive."""
         self._connected = self._ever_connected = self._refused = False
         self._next_gpu_sample = 0.0
@@ -104,6 +144,13 @@ class Sender(threading.Thread):
     @property
     def unacked(self) -> int:
         return self.outbox.unacked
+
+    def stop(self, timeout_s: float) -> None:
+        """Ask the thread to send what is queued, say goodbye and end, taking at most
+        ``timeout_s`` seconds once its current cycle is over; the caller then joins it."""
+        self._close_timeout_s = timeout_s
+        self._stopping.set()
+        self.wake.set()
 
     # ------------------------------------------------------------------ the connection
 
@@ -250,17 +297,16 @@ class Sender(threading.Thread):
         queue, waiting = self.queue, self._waiting
         while queue:
             item = queue.popleft()
-            if item[0] == LOG:
+            if type(item) is Call:
                 item = self._launch(item)
-                if item[5]:  # the end of a phase: read the GPUs now, near the boundary
-                    self._sample_gpus(item[1], item[2])
+                if item.phase_end:  # read the GPUs now, near the phase's boundary
+                    self._sample_gpus(item.step, item.time)
             waiting.append(item)
         entries: list[tuple] = []
         size = 0  # what the entries take in a message, at most (protocol.packed_bytes)
         while waiting:
             item = waiting[0]
-            kind = item[0]
-            if kind == LOG:
+            if type(item) is Call:
                 ready = self._ready(item)
                 if ready is None:
                     break
@@ -278,13 +324,12 @@ class Sender(threading.Thread):
                     size += nbytes
                 continue
             waiting.popleft()
-            if kind == DONE:
-                step = item[1]
-                self._done_through = max(self._done_through, step)
-                self._flush_entries(entries, done=step)
-            else:  # FLUSH marker: set once everything before it is acknowledged
+            if type(item) is Done:
+                self._done_through = max(self._done_through, item.step)
+                self._flush_entries(entries, done=item.step)
+            else:  # a Flush: set once everything before it is acknowledged
                 self._flush_entries(entries)
-                self.outbox.when_acked(item[1])
+                self.outbox.when_acked(item.acked)
             entries, size = [], 0
         self._flush_entries(entries)
 
@@ -302,27 +347,27 @@ class Sender(threading.Thread):
         elif done >= 0:
             self._enqueue(lambda seq: protocol.encode_done(pid, seq, done), 0)
 
-    def _launch(self, item: tuple) -> tuple:
+    def _launch(self, call: Call) -> Call:
         """Queue the device work of a call; a failure (a CUDA error) loses that call's
         values, counted, never raised."""
-        for pending in item[4]:
+        for pending in call.waits:
             try:
                 pending.launch()
             except Exception as exc:
                 self._gpu_failed(exc)
-                return (LOG, item[1], item[2], None, item[4], item[5])
-        return item
+                return call._replace(payload=None)
+        return call
 
-    def _ready(self, item: tuple) -> tuple | None:
-        """``item`` once its GPU values are all there (without them, payload None, if reading
+    def _ready(self, call: Call) -> Call | None:
+        """``call`` once its GPU values are all there (without them, payload None, if reading
         them failed); None while the device is still behind."""
-        if item[3] is None:
-            return item
+        if call.payload is None:
+            return call
         try:
-            return item if all(p.ready() for p in item[4]) else None
+            return call if all(p.ready() for p in call.waits) else None
         except Exception as exc:
             self._gpu_failed(exc)
-            return (LOG, item[1], item[2], None, item[4], item[5])
+            return call._replace(payload=None)
 
     def _gpu_failed(self, exc: BaseException) -> None:
         self.counters.errors += 1
@@ -342,10 +387,10 @@ class Sender(threading.Thread):
                     self.counters.invalid += 1
                     self.warn_once(f"sketch:{name}", f"{name}: cannot sketch it ({exc!r})")
 
-    def _encode(self, item: tuple) -> tuple[tuple, int] | None:
+    def _encode(self, call: Call) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is
         left to send of it (dropped and counted, if it was too large)."""
-        _, step, t, payload, waits, _ = item
+        step, t, payload, waits, _ = call
         if self._step is None or step >= self._step[0]:
             self._step = (step, t)
         encoded = None
@@ -392,7 +437,7 @@ class Sender(threading.Thread):
             return
         self._next_gpu_sample = time.monotonic() + self.config.gpu_sample_s
         if readings:
-            self._waiting.append((LOG, step, t, readings, (), False))
+            self._waiting.append(Call(step, t, readings, (), False))
 
     def _sample_gpus_now(self) -> None:
         """The periodic reading, at the latest step this producer is still in."""
@@ -424,7 +469,7 @@ class Sender(threading.Thread):
         box = self.outbox
         if (
             box.unacked
-            and (box.awaited or self.stopping.is_set())
+            and (box.awaited or self._stopping.is_set())
             and self._connected
             and now >= self._next_ask
         ):
@@ -441,7 +486,7 @@ class Sender(threading.Thread):
             beats = 0
             heartbeat_s = self.config.heartbeat_s
             next_beat = time.monotonic() + heartbeat_s
-            while not self.stopping.is_set():
+            while not self._stopping.is_set():
                 longest = GPU_POLL_S if self._waiting else POLL_S
                 if self.wake.wait(min(longest, max(0.0, next_beat - time.monotonic()))):
                     # Let a burst of log() calls gather so they leave as one message.
@@ -454,10 +499,10 @@ class Sender(threading.Thread):
                         self._say_hello()
                     self._heartbeat()
                     next_beat = time.monotonic() + heartbeat_s
-            deadline = time.monotonic() + self.close_timeout_s
+            deadline = time.monotonic() + self._close_timeout_s
             self._drain()
             # Keep a share of the time for the goodbye, even if the GPU never catches up.
-            self._wait_for_gpu(deadline - min(0.5, self.close_timeout_s / 4))
+            self._wait_for_gpu(deadline - min(0.5, self._close_timeout_s / 4))
             self._enqueue(lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0)
             self._finish(deadline)
         except Exception as exc:  # the thread must end cleanly, whatever happened
@@ -469,8 +514,8 @@ class Sender(threading.Thread):
             self.transport.close()
             self.outbox.release_waiters()
             for item in self._waiting:
-                if item[0] == FLUSH:
-                    item[1].set()
+                if type(item) is Flush:
+                    item.acked.set()
 
     def _wait_for_gpu(self, deadline: float) -> None:
         """At close: let calls still waiting for their GPU values finish, until the deadline;
@@ -478,7 +523,7 @@ class Sender(threading.Thread):
         while self._waiting and time.monotonic() < deadline:
             time.sleep(GPU_POLL_S)
             self._drain()
-        lost = sum(1 for item in self._waiting if item[0] == LOG)
+        lost = sum(1 for item in self._waiting if type(item) is Call)
         if lost:
             self.counters.dropped_send += lost
             log.warning(
@@ -488,8 +533,8 @@ class Sender(threading.Thread):
                 lost,
             )
         for item in self._waiting:
-            if item[0] == FLUSH:
-                item[1].set()
+            if type(item) is Flush:
+                item.acked.set()
         self._waiting.clear()
 
     def _finish(self, deadline: float) -> None:

@@ -28,11 +28,23 @@ def _collector(argv: list[str]) -> int:
     return main(argv)
 
 
-def _tool(name: str) -> Callable[[list[str]], int]:
-    """``report``, ``compare``, ``register`` and ``keygen``: the collector's tools."""
+def _keygen(argv: list[str]) -> int:
+    from rlpulse.collector.__main__ import keygen
+
+    return keygen(argv)
+
+
+def _register(argv: list[str]) -> int:
+    from rlpulse.producer.register import main
+
+    return main(argv)
+
+
+def _run_tool(name: str) -> Callable[[list[str]], int]:
+    """``report`` and ``compare``: the run tools over a run's jsonl."""
 
     def run(argv: list[str]) -> int:
-        from rlpulse.collector.__main__ import main
+        from rlpulse.runtools.cli import main
 
         return main([name, *argv])
 
@@ -59,10 +71,10 @@ def _deploy(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "collector": _collector,
-    "report": _tool("report"),
-    "compare": _tool("compare"),
-    "register": _tool("register"),
-    "keygen": _tool("keygen"),
+    "report": _run_tool("report"),
+    "compare": _run_tool("compare"),
+    "register": _register,
+    "keygen": _keygen,
     "serve": _serve,
     "train": _train,
     "deploy": _deploy,

@@ -1,7 +1,7 @@
 """Run tools: read a run's jsonl output (the ``jsonl`` sink's lines) after the fact.
 
-``python -m rlpulse.collector report RUN.jsonl --out report.png`` draws the main curves of one run;
-``python -m rlpulse.collector compare A.jsonl B.jsonl`` prints a table comparing runs side by side.
+``rlpulse report RUN.jsonl --out report.png`` draws the main curves of one run;
+``rlpulse compare A.jsonl B.jsonl`` prints a table comparing runs side by side.
 The command line is :mod:`rlpulse.runtools.cli`; the pieces are importable on their own:
 
 >>> from rlpulse.runtools.runs import Run

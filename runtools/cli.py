@@ -1,10 +1,10 @@
-"""``python -m rlpulse.collector report`` and ``python -m rlpulse.collector compare``: the run tools' commands.
+"""``rlpulse report`` and ``rlpulse compare``: the run tools' commands.
 
 ::
 
-    python -m rlpulse.collector report RUN.jsonl [--run NAME] [--out report.png]
-    python -m rlpulse.collector report RUN.jsonl --timeline 3:6 [--trace RUN.trace.json] [--out t.png]
-    python -m rlpulse.collector compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
+    rlpulse report RUN.jsonl [--run NAME] [--out report.png]
+    rlpulse report RUN.jsonl --timeline 3:6 [--trace RUN.trace.json] [--out t.png]
+    rlpulse compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
                                 [--key ppo.actor_lr --key ppo.batch_size] [--format markdown|text]
                                 [--score NAME] [--kl NAME] [--out table.md]
 
@@ -26,7 +26,6 @@ from typing import Any, TextIO
 
 import yaml
 
-from rlpulse.collector.sinks.trace import trace_path
 from rlpulse.runtools.compare import (
     RUN_CONFIG,
     CompareError,
@@ -37,6 +36,7 @@ from rlpulse.runtools.compare import (
 from rlpulse.runtools.report import ReportError, draw_report
 from rlpulse.runtools.runs import Run, RunFileError, load_run, load_runs
 from rlpulse.runtools.timeline import draw_timeline, load_trace, parse_steps
+from rlpulse.schemas.spans import trace_path
 
 
 def _warn_repeats(run: Run, command: str, stderr: TextIO) -> None:

@@ -20,7 +20,9 @@ kept. :func:`stragglers` reads a step's spans into the ``straggler/...`` metrics
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import msgspec
 
@@ -71,3 +73,12 @@ def stragglers(spans: Iterable[Span]) -> dict[str, float]:
             out[name["lag_ratio"]] = worst / median
         out[name["slowest_rank"]] = float(slowest)
     return out
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def trace_path(directory: Path, run: str) -> Path:
+    """Where the ``trace`` tracker writes the trace of ``run``, and where ``rlpulse report
+    --timeline`` reads it (one spelling for both)."""
+    return directory / f"{_UNSAFE.sub('_', run)}.trace.json"

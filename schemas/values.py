@@ -33,22 +33,6 @@ from rlpulse.schemas.reductions import Reduction, Stat
 NAN = math.nan
 
 
-def _fmin(a: float, b: float) -> float:
-    if math.isnan(a):
-        return b
-    if math.isnan(b):
-        return a
-    return a if a <= b else b
-
-
-def _fmax(a: float, b: float) -> float:
-    if math.isnan(a):
-        return b
-    if math.isnan(b):
-        return a
-    return a if a >= b else b
-
-
 class Summary(NamedTuple):
     """Sum, weight and extremes of some samples: the one mergeable state. A tuple in wire
     order, so the producer packs it and the collector's arrays hold it as it is. Merges
@@ -90,14 +74,11 @@ class Summary(NamedTuple):
         return cls(float(numerator), float(denominator), NAN, NAN)
 
     def merge(self, other: Summary, reduction: Reduction) -> Summary:
-        """Combine two states of the same metric; ``other`` is the later one."""
-        total = other.sum if reduction is Reduction.LAST else self.sum + other.sum
-        return Summary(
-            total,
-            self.weight + other.weight,
-            _fmin(self.min, other.min),
-            _fmax(self.max, other.max),
-        )
+        """Combine two states of the same metric; ``other`` is the later one
+        (:func:`reduce_rows` of the two)."""
+        pair = np.array((self, other), dtype=np.float64).reshape(2, 1, WIDTH)
+        last = _LAST_ONE if reduction is Reduction.LAST else None
+        return Summary._make(reduce_rows(pair, last)[0].tolist())
 
     def read(self, stat: Stat) -> float | None:
         """The statistic, or None when the samples do not define it (no weight, no extremes)."""
@@ -111,23 +92,53 @@ WIDTH = len(Summary._fields)
 SUM, WEIGHT, MIN, MAX = range(WIDTH)
 
 
+RULE: tuple[np.ufunc, ...] = (np.add, np.add, np.fmin, np.fmax)
+"""The merge rule, per column (``SUM, WEIGHT, MIN, MAX``): sums and weights add, extremes
+keep the smaller and the larger, a NaN (not observed) losing to any number. ``LAST`` metrics
+then take the later state's sum (:func:`_keep_latest`). Every merge here applies these
+ufuncs: ``ufunc(a, b)`` for two states, ``ufunc.reduce`` for k, never a loop over rows."""
+_LAST_ONE = np.ones(1, dtype=bool)
+_LAST_ONE.flags.writeable = False
+
+
+def _keep_latest(merged: np.ndarray, latest: np.ndarray, last: np.ndarray) -> None:
+    """``LAST`` rows (``last``) of ``merged`` take the sum of ``latest``, in place."""
+    merged[:, SUM] = np.where(last, latest[:, SUM], merged[:, SUM])
+
+
+def reduce_rows(rows: np.ndarray, last: np.ndarray | None = None) -> np.ndarray:
+    """Merge k states of each of n metrics: ``rows`` is k x n x 4, oldest first; return the
+    n x 4 merged states (for k == 1, ``rows[0]`` itself). ``last`` marks the metrics that
+    reduce by ``LAST`` (None: none do). The one merge rule (:data:`RULE`); the others here
+    are this one for k == 2.
+
+    >>> reduce_rows(np.array([[[1.0, 1.0, 1.0, 1.0]], [[3.0, 1.0, 3.0, 3.0]]])).tolist()
+    [[4.0, 2.0, 1.0, 3.0]]
+    """
+    if rows.shape[0] == 1:
+        return rows[0]
+    merged = np.empty(rows.shape[1:], dtype=np.float64)
+    for column, ufunc in enumerate(RULE):
+        ufunc.reduce(rows[:, :, column], axis=0, out=merged[:, column])
+    if last is not None:
+        _keep_latest(merged, rows[-1], last)
+    return merged
+
+
 def merge_rows(
     acc: np.ndarray, idx: np.ndarray | slice, rows: np.ndarray, last: np.ndarray | None
 ) -> None:
-    """Merge ``rows`` (n x 4 states) into ``acc`` at rows ``idx``, in place.
+    """Merge ``rows`` (n x 4 states) into ``acc`` at rows ``idx``, in place: :func:`reduce_rows`
+    of the pair (``acc[idx]``, ``rows``) without stacking them.
 
     ``idx`` (indices or a slice) must not repeat a row (a rank's one call logs each name
-    once); ``last`` marks the rows whose metric reduces by ``LAST`` (None: none do). This is
-    :meth:`Summary.merge` over arrays.
+    once); ``last`` marks the rows whose metric reduces by ``LAST`` (None: none do).
     """
     target = acc[idx]  # a view for a slice, a copy for an index array
-    if last is None:
-        target[:, SUM] += rows[:, SUM]
-    else:
-        target[:, SUM] = np.where(last, rows[:, SUM], target[:, SUM] + rows[:, SUM])
-    target[:, WEIGHT] += rows[:, WEIGHT]
-    np.fmin(target[:, MIN], rows[:, MIN], out=target[:, MIN])
-    np.fmax(target[:, MAX], rows[:, MAX], out=target[:, MAX])
+    for column, ufunc in enumerate(RULE):
+        ufunc(target[:, column], rows[:, column], out=target[:, column])
+    if last is not None:
+        _keep_latest(target, rows, last)
     if not isinstance(idx, slice):
         acc[idx] = target
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
-LEGACY = frozenset(("producer", "collector", "schemas", "runtools", "trainer", "deploy"))
+LEGACY = frozenset(("producer", "collector", "schemas", "runtools", "trainer", "deploy", "wire"))
 
 
 class _LegacyImport(importlib.abc.MetaPathFinder):

@@ -28,18 +28,13 @@ import msgspec
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.spans import trace_path as trace_path
 
 TAIL_BYTES = 4 * 1024 * 1024
 STEPS_PID = 0
 """The process row of the step events; roles take 1, 2, ... in order of appearance."""
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _STEP = re.compile(rb'"step":(\d+)')
 _JSON = msgspec.json.Encoder()
-
-
-def trace_path(directory: Path, run: str) -> Path:
-    """Where the trace of ``run`` is written."""
-    return directory / f"{_UNSAFE.sub('_', run)}.trace.json"
 
 
 @dataclass

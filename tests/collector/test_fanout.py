@@ -115,3 +115,27 @@ def test_close_drains_queued_steps_first() -> None:
     assert fan.close() == []
     assert len(sink.records) == 100 and sink.closed
     assert fan.close() == []  # idempotent
+
+
+def test_backlog_with_the_outbox_is_what_the_sink_has_not_written(tmp_path) -> None:
+    from rlpulse.collector.durable import DurableState
+
+    config = CollectorConfig(sink_close_s=5)
+    durable = DurableState(tmp_path / "state", config)
+    hang = Hanging()
+    fan = FanOut({"hang": hang}, config, durable=durable)
+    (worker,) = fan.workers
+    fan.start()
+    assert worker.backlog() == 0
+    for step in range(3):
+        durable.emit(rec(step))
+    durable.commit()
+    fan.notify()
+    assert worker.backlog() == 3 and fan.stats()["hang"]["queue_depth"] == 3
+    hang.release.set()
+    deadline = time.monotonic() + 5
+    while worker.backlog() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.backlog() == 0
+    assert fan.close() == []
+    durable.close()

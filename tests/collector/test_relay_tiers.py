@@ -23,8 +23,7 @@ class Relay:
 
     def __init__(self, relay_id: int, root: Aggregator, clock: list[float]) -> None:
         config = CollectorConfig(upstream="tcp://127.0.0.1:1", trackers={}, **TIMING)  # type: ignore[arg-type]
-        self.agg = RelayAggregator(self._forward, config)
-        self.agg.relay_id = relay_id
+        self.agg = RelayAggregator(self._forward, config, relay_id=relay_id)
         self.root, self.clock = root, clock
         self.tables: dict[int, TableDecl] = {}
         self.members: dict[int, Member] = {}

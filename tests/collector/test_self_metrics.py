@@ -21,10 +21,11 @@ def test_every_counter_of_health_is_declared() -> None:
 
 
 def test_every_self_metric_is_on_the_prometheus_page() -> None:
-    health = Health()
-    health.sinks = lambda: {
-        "jsonl": {"queue_depth": 0, "written": 3, "errors": 0, "dropped": 0, "lag_seconds": 0.0}
-    }
+    health = Health(
+        sinks=lambda: {
+            "jsonl": {"queue_depth": 0, "written": 3, "errors": 0, "dropped": 0, "lag_seconds": 0.0}
+        }
+    )
     for n, metric in enumerate(Health.declared(), start=1):
         setattr(health, metric.key, n)  # a distinct value each, to see it arrive unchanged
     sink = PrometheusSink(SinkContext(health=health.snapshot), port=0)

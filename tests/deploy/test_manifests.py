@@ -92,7 +92,16 @@ def test_dockerfile_installs_the_collector_only_and_runs_the_compose_command() -
     assert f'CMD ["--config", "{CONFIG_IN_CONTAINER}"]' in text
     assert set(re.search(r"^EXPOSE (.*)$", text, re.M).group(1).split()) == {"5555", "9464"}
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
-    packages = ("rlpulse", "schemas", "producer", "collector", "runtools", "trainer", "deploy")
+    packages = (
+        "rlpulse",
+        "schemas",
+        "producer",
+        "collector",
+        "runtools",
+        "trainer",
+        "deploy",
+        "wire",
+    )
     assert all(f"!{d}/**" in ignore for d in packages)
 
 

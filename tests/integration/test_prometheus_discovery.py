@@ -4,7 +4,7 @@ the list when its producer closes.
 
 The engine is a loopback ``prometheus_client`` server exporting a vLLM-style gauge; it
 registers as a vLLM worker would, with a producer that logs nothing. An engine started from a
-shell registers through ``python -m rlpulse.collector register -- COMMAND`` for as long as it runs.
+shell registers through ``rlpulse register -- COMMAND`` for as long as it runs.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_prometheus_discovers_and_scrapes_a_registered_endpoint(
 
 
 def test_register_lists_an_engine_started_from_the_shell_while_it_runs(tmp_path: Path) -> None:
-    """``python -m rlpulse.collector register ... -- COMMAND``, as a vLLM user would run it."""
+    """``rlpulse register ... -- COMMAND``, as a vLLM user would run it."""
     port = free_port()
     config = {"track_with": ["prometheus"], "tracker_kwargs": {"prometheus": {"port": port}}}
     with (tmp_path / "collector.log").open("w") as log:
@@ -134,9 +134,7 @@ def test_register_lists_an_engine_started_from_the_shell_while_it_runs(tmp_path:
         register = ["--collector", collector.address, "--url", url, "--run", RUN, "--role", ROLE]
         engine_cmd = [sys.executable, "-c", engine + "\nraise SystemExit(5)"]
         command = [
-            sys.executable,
-            "-m",
-            "rlpulse.collector",
+            str(Path(sys.executable).parent / "rlpulse"),
             "register",
             *register,
             "--",

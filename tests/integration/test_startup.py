@@ -19,7 +19,7 @@ import zmq.auth
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
 from rlpulse.producer.env import load_curve
-from rlpulse.producer.transport import CurveKeys
+from rlpulse.wire.transport import CurveKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlpulse.producer import Fraction, Masked, Producer, Weighted
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.device import reduce_tensor
-from rlpulse.producer.reduce import reduce_value
+from rlpulse.producer.reduce import reduce_tensor, reduce_value
 from rlpulse.schemas import metrics as M, protocol
 from rlpulse.schemas.values import Summary
 from tests.producer.conftest import done_steps, entries, has_bye

@@ -1,5 +1,5 @@
 """A producer registers the Prometheus endpoint its process serves; one made with
-``logs=False`` registers only that, and logs nothing. ``python -m rlpulse.collector register`` holds
+``logs=False`` registers only that, and logs nothing. ``rlpulse register`` holds
 such a producer while a command runs."""
 
 from __future__ import annotations

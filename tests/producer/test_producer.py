@@ -94,8 +94,7 @@ def test_full_queue_drops_and_counts_without_blocking() -> None:
     p = Producer(
         "tcp://127.0.0.1:9", run="r", role="a", config=ProducerConfig(max_pending=10, sndhwm=1)
     )
-    p._sender.stopping.set()  # a sender that never drains: the queue can only fill
-    p._wake.set()
+    p._sender.stop(p.config.close_timeout_s)  # a sender that never drains: the queue only fills
     p._sender.join(5)
     for step in range(50):
         p.log({"x": 1.0}, step=step)

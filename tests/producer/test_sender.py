@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 
 from rlpulse.producer import Producer, ProducerConfig
-from rlpulse.producer.transport import MemoryTransport
+from rlpulse.producer.sender import Call, Done
 from rlpulse.schemas import protocol
+from rlpulse.wire.transport import MemoryTransport
 
 QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
 
@@ -81,3 +82,17 @@ def test_close_waits_its_timeout_then_counts_what_is_unacknowledged() -> None:
     stats = p.stats()
     assert stats["dropped_send"] == 2 and stats["unacked"] > 0
     assert "Bye" in kinds(t) and t.closed
+
+
+def test_the_caller_queues_named_items_in_order() -> None:
+    t = MemoryTransport()  # never connected: the stopped sender ends at once
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    p._sender.stop(0.0)
+    p._sender.join(5)
+    p.log({"x": 1.0}, step=3)
+    p.step_done(3)
+    call, done = p._queue
+    assert type(call) is Call and (call.step, call.waits, call.phase_end) == (3, (), False)
+    assert call.payload is not None and set(call.payload) == {"x"}
+    assert done == Done(3)
+    p.close(timeout=0.1)

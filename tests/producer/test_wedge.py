@@ -14,10 +14,10 @@ import pytest
 from rlpulse.producer import Producer, ProducerConfig
 from rlpulse.producer.encode import Encoder
 from rlpulse.producer.stats import Counters
-from rlpulse.producer.transport import MemoryTransport
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import DEFAULT_LIMITS
 from rlpulse.schemas.metrics import CATALOG
+from rlpulse.wire.transport import MemoryTransport
 
 QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
 

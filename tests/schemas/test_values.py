@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpulse.schemas import Reduction, Stat, Summary
-from rlpulse.schemas.values import empty_rows, merge_rows
+from rlpulse.schemas.values import empty_rows, merge_rows, reduce_rows
 
 
 def merge_all(states: list[Summary], reduction: Reduction = Reduction.MEAN) -> Summary:
@@ -96,3 +96,38 @@ def test_array_merge_equals_scalar_merge(ranks: list[list[float]], last: bool) -
     expected = merge_all([Summary.of_samples(r) for r in ranks], reduction)
     np.testing.assert_allclose(acc[1], expected, rtol=1e-12, atol=1e-9, equal_nan=True)
     assert acc[0, 1] == 0 and math.isnan(acc[2, 2])  # untouched rows stay identities
+
+
+extreme = st.one_of(st.just(math.nan), st.floats(-1e6, 1e6, allow_nan=False))
+state = st.builds(
+    Summary,
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.floats(0, 1e6, allow_nan=False),
+    extreme,
+    extreme,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(state, min_size=3, max_size=3), min_size=1, max_size=7))
+def test_one_rule_for_k_entries_pairs_and_summaries(entries: list[list[Summary]]) -> None:
+    """reduce_rows over k entries (the collector), merge_rows pair by pair and Summary.merge
+    agree bit for bit: one rule, applied in arrival order."""
+    rows = np.array(entries, dtype=np.float64)  # k entries x 3 metrics x 4
+    last = np.array([False, True, False])
+    reductions = [Reduction.MEAN, Reduction.LAST, Reduction.MAX]
+    reduced = reduce_rows(rows, last)
+    acc = empty_rows(3)
+    for entry in rows:
+        merge_rows(acc, slice(0, 3), entry, last)
+    folded = [merge_all([e[j] for e in entries], reductions[j]) for j in range(3)]
+    np.testing.assert_array_equal(reduced, acc)
+    np.testing.assert_array_equal(reduced, np.array(folded))
+    assert reduced[1, 0] == entries[-1][1].sum  # LAST: the latest entry's value
+
+
+def test_reduce_rows_ignores_unobserved_extremes() -> None:
+    rows = np.array(
+        [[[1.0, 1.0, math.nan, math.nan]], [[2.0, 1.0, 2.0, 2.0]], [[0.0, 0.0, math.nan, math.nan]]]
+    )
+    np.testing.assert_array_equal(reduce_rows(rows), [[3.0, 2.0, 2.0, 2.0]])

@@ -9,6 +9,7 @@ producer with no socket at all, connecting, dropping and answering as they pleas
 from __future__ import annotations
 
 import enum
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -176,3 +177,17 @@ class MemoryTransport:
 
     def close(self) -> None:
         self.closed = True
+
+
+def load_curve(server_key: str, client_cert: str) -> CurveKeys:
+    """Read keys made by ``python -m rlpulse.collector keygen`` (zmq.auth certificate files)."""
+    import zmq.auth
+
+    if os.path.exists(server_key):
+        server_public, _ = zmq.auth.load_certificate(server_key)
+    else:
+        server_public = server_key.encode()
+    public, secret = zmq.auth.load_certificate(client_cert)
+    if secret is None:
+        raise ValueError(f"{client_cert} holds no secret key: pass the *.key_secret file")
+    return CurveKeys(server_public=server_public, public=public, secret=secret)
