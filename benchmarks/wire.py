@@ -48,10 +48,10 @@ class Shape:
 
     def metrics(self, producer: int, seq: int, step: int, t: float) -> bytes:
         """Exactly ``protocol.encode_metrics(producer, seq, [pack_entry(step, t, 0, ...)],
-        done=step)``."""
+        done=step)``: six fields, the last the (empty) list of sketches."""
         return b"".join(
             (
-                b"\x95\x16",
+                b"\x96\x16",
                 _pack_int(producer),
                 _pack_int(seq),
                 b"\x91\x95",
@@ -59,6 +59,7 @@ class Shape:
                 b"\xcb" + struct.pack(">d", t),
                 self._tail,
                 _pack_int(step),
+                b"\x90",  # no sketches
             )
         )
 
