@@ -95,7 +95,9 @@ def scalar(value: Any, what: str) -> float:
     raise InvalidValue(f"{what} must be a number, got {type(value).__name__}")
 
 
-def _numpy(values: Any, mask: Any | None) -> Reduced:
+def selected(values: Any, mask: Any | None) -> np.ndarray:
+    """The samples ``mask`` selects from host ``values``, as a flat numpy array (finite or
+    not); raise :class:`InvalidValue` when they cannot be read or the shapes differ."""
     try:
         arr = np.asarray(values)
         if arr.dtype.kind not in "biuf":
@@ -108,6 +110,11 @@ def _numpy(values: Any, mask: Any | None) -> Reduced:
         if m.shape != arr.shape:
             raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
         arr = np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr)
+    return arr
+
+
+def _numpy(values: Any, mask: Any | None) -> Reduced:
+    arr = selected(values, mask)
     if arr.size == 0:
         return NOTHING
     s = float(np.sum(arr, dtype=np.float64))

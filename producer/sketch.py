@@ -25,6 +25,7 @@ from rlpulse.producer.reduce import (
     _numpy,
     _numpy_view,
     reduce_value,
+    selected,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
 from rlpulse.schemas.catalog import Catalog
@@ -46,19 +47,7 @@ def _samples(values: Any, mask: Any | None) -> np.ndarray:
         values = view if view is not None else values.detach().cpu().double().numpy()
     if _is_tensor(mask):
         mask = mask.detach().cpu().numpy()
-    try:
-        arr = np.asarray(values)
-        if arr.dtype.kind not in "biuf":
-            arr = arr.astype(np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidValue(f"cannot read samples from {type(values).__name__}: {exc}") from None
-    arr = arr.reshape(-1)
-    if mask is not None:
-        m = np.asarray(mask).reshape(-1)
-        if m.shape != arr.shape:
-            raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
-        arr = np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr)
-    return arr
+    return selected(values, mask)
 
 
 class Samples:

@@ -5,34 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
-from rlpulse.collector.config import CollectorConfig
 from rlpulse.schemas import Summary, metrics as M, protocol as P
-from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import hello, metrics
+from tests.collector.helpers import Harness, hello, metrics
 
 ADV = M.CRITIC_ADVANTAGES.name
 LOSS = M.ACTOR_PG_LOSS.name
-
-
-class Harness:
-    def __init__(self, **kwargs) -> None:
-        self.records: list[StepRecord] = []
-        config = CollectorConfig(**{"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0, **kwargs})
-        self.agg = Aggregator(self.records.append, config)
-        self.now = 0.0
-
-    def send(self, *msgs: P.Message) -> None:
-        for m in msgs:
-            self.agg.handle(m, self.now)
-        self.agg.poll(self.now)
-
-    def tick(self, seconds: float) -> None:
-        self.now += seconds
-        self.agg.poll(self.now)
-
-    def steps(self) -> list[int]:
-        return [r.step for r in self.records]
 
 
 def test_ragged_ranks_pool_exactly_against_numpy() -> None:

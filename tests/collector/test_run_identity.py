@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlpulse.collector.aggregator import Aggregator
-from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.delivery import Delivery
 from rlpulse.schemas import Summary, protocol as P
 from rlpulse.schemas.metrics import CATALOG
-from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import metrics
+from tests.collector.helpers import Harness, metrics
 
 ADV = "critic/advantages"
 assert CATALOG.resolve(ADV).reduction.name in ("MEAN", "DIST")  # its row pools as a mean
@@ -19,22 +16,6 @@ assert CATALOG.resolve(ADV).reduction.name in ("MEAN", "DIST")  # its row pools 
 
 def hello(pid: int, run: str = "r", rank: int = 0, ws: int = 2, resume: bool = False) -> P.Hello:
     return P.Hello(pid, 1, run, "actor_train", rank, ws, "host", 1, resume=resume)
-
-
-class Harness:
-    def __init__(self, **kwargs) -> None:
-        self.records: list[StepRecord] = []
-        config = CollectorConfig(**{"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0, **kwargs})
-        self.agg = Aggregator(self.records.append, config)
-        self.now = 0.0
-
-    def send(self, *msgs: P.Message) -> None:
-        for m in msgs:
-            self.agg.handle(m, self.now)
-        self.agg.poll(self.now)
-
-    def by_run(self, run: str) -> list[StepRecord]:
-        return [r for r in self.records if r.run == run]
 
 
 def adv(values) -> dict:
