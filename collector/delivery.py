@@ -20,6 +20,7 @@ restarted without the rejection (acknowledged, never in its write-ahead log) cat
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -76,6 +77,8 @@ class Delivery:
         self._held_count = 0
         self._to_ack: dict[int, float] = {}
         """Producers owed an acknowledgement, and by when."""
+        self._next_ack = math.inf
+        """The earliest time in ``_to_ack``, or earlier: :meth:`acks` scans only from then."""
         self.rejected: dict[int, int] = {}
         """Per producer, entries of its messages that were rejected (told in its acks)."""
         self._ratelog = RateLimitedLog(log)
@@ -94,7 +97,7 @@ class Delivery:
         pid = msg.producer
         if isinstance(msg, HELLOS):
             self.identity[pid] = identity
-            self._to_ack[pid] = 0.0
+            self._owe(pid, 0.0)
             out = [(msg, raw)]
             if pid not in self.last_seq:
                 self.last_seq[pid] = msg.seq - 1
@@ -113,8 +116,15 @@ class Delivery:
         if isinstance(msg, SEQUENCED):
             return self._sequenced(msg, raw, admit)
         if type(msg) is protocol.Heartbeat and msg.flush:
-            self._to_ack[pid] = 0.0
+            self._owe(pid, 0.0)
         return [(msg, raw)]
+
+    def _owe(self, pid: int, due: float) -> None:
+        """Producer ``pid`` is owed an acknowledgement by ``due`` (the earlier of two dues)."""
+        if due < self._to_ack.get(pid, math.inf):
+            self._to_ack[pid] = due
+            if due < self._next_ack:
+                self._next_ack = due
 
     def _hold(self, msg: Incoming, raw: bytes) -> None:
         if not isinstance(msg, SEQUENCED):
@@ -140,7 +150,7 @@ class Delivery:
         last = self.last_seq[pid]
         if msg.seq <= last:
             self.health.duplicates += 1
-            self._to_ack[pid] = 0.0  # a resend: it waits for this
+            self._owe(pid, 0.0)  # a resend: it waits for this
             return []
         if msg.seq > last + 1:
             if pid not in self._held_back:  # behind a held-back message: expected
@@ -154,9 +164,7 @@ class Delivery:
             return []
         self._held_back.discard(pid)
         self.last_seq[pid] = msg.seq
-        due = 0.0 if isinstance(msg, URGENT) else self.clock() + self.ack_delay_s
-        if due < self._to_ack.get(pid, due + 1.0):
-            self._to_ack[pid] = due
+        self._owe(pid, 0.0 if isinstance(msg, URGENT) else self.clock() + self.ack_delay_s)
         if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
             self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
             return []
@@ -197,9 +205,12 @@ class Delivery:
             self._held_back -= wake
         hold, self._tell_hold = self._tell_hold - wake, set()
         now = self.clock()
-        due = [p for p, t in self._to_ack.items() if everything or t <= now]
-        for pid in due:
-            del self._to_ack[pid]
+        due: list[int] = []
+        if everything or now >= self._next_ack:  # else nothing is due: no scan
+            due = [p for p, t in self._to_ack.items() if everything or t <= now]
+            for pid in due:
+                del self._to_ack[pid]
+            self._next_ack = min(self._to_ack.values(), default=math.inf)
         out = []
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)
