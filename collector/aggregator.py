@@ -5,8 +5,11 @@ The work is split by concern: who belongs to a run and who is alive
 (``rlpulse.collector.membership``), the open steps, their merging and completion
 (``rlpulse.collector.steps``), and the metrics derived from emitted steps (``rlpulse.collector.derived``). This
 module routes each message to them and assembles the :class:`~rlpulse.schemas.record.StepRecord` of a
-finished step. It also implements the small protocol durable state recovers through
-(``rlpulse.collector.durable.Recoverable``).
+finished step. What becomes of a finished step is its :class:`StepOutput`: the
+collector's is :class:`StepRecords` (a :class:`~rlpulse.schemas.record.StepRecord` for the
+sinks), a relay's is ``rlpulse.collector.relay.Relay`` (a delta for the collector above): one
+aggregator, two outputs, no subclass. It also implements the small protocol durable state
+recovers through (``rlpulse.collector.durable.Recoverable``).
 
 Data for a step that was already emitted is *late*: counted and logged, never merged.
 
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.derived import Throughput
 from rlpulse.collector.health import Health
-from rlpulse.collector.membership import FINISHED, Membership, ProducerInfo
+from rlpulse.collector.membership import FINISHED, Membership, ProducerInfo, Slot
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sketches import by_table_row
 from rlpulse.collector.spans import SpanReader
@@ -38,33 +42,150 @@ from rlpulse.schemas.spans import stragglers
 log = logging.getLogger("rlpulse.collector")
 
 
+class StepOutput(Protocol):
+    """What becomes of a finished step: the one seam between merging and what follows.
+
+    The aggregator decides *when* a step is finished (complete, or due partial) and merges
+    it; its output decides what is made of it and sends it with ``agg.emit``. Each call gets
+    the aggregator, whose membership and runs the output reads. Implemented by
+    :class:`StepRecords` (a collector) and ``rlpulse.collector.relay.Relay`` (a relay)."""
+
+    local: bool
+    """Steps complete over the ranks registered *here*, and run attempts are decided
+    above (a relay); otherwise over the whole declared topology, attempts decided here."""
+
+    def finish(self, agg: Aggregator, run: RunSteps, state: StepState, missing: set) -> None:
+        """``state`` is finished (merged, still in ``run.steps``): remove it from ``run``
+        (``run.close``, or by hand) and emit what it makes; ``missing``: slots without data."""
+
+    def reopen(
+        self, agg: Aggregator, run: RunSteps, prod: ProducerInfo, step: int
+    ) -> set[Slot] | None:
+        """``prod`` sent data for ``step``, already finished: the slots that had finished it,
+        to open it again for the new data; None: the data is late (counted, dropped)."""
+
+    def before(self, agg: Aggregator, now: float) -> None:
+        """Before the due steps are finished, at every poll."""
+
+    def after(self, agg: Aggregator, now: float | None) -> None:
+        """After the due steps were finished: at every poll, and at the final flush (``now``
+        None)."""
+
+    def note_emitted(self, agg: Aggregator, record: Any) -> None:
+        """Recovery: ``record`` (one this output emitted) is in the outbox already."""
+
+    def snapshot(self, agg: Aggregator, out: dict) -> None:
+        """Add this output's state to the aggregator's checkpoint ``out``."""
+
+    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+        """Take this output's state back from a checkpoint."""
+
+
+class StepRecords:
+    """The collector's output: each finished step as a :class:`StepRecord` (metrics read
+    off the merged states, derived throughput, stragglers, partial flags) for the sinks."""
+
+    local = False
+
+    def __init__(self, tps_window: int) -> None:
+        self.tps_window = tps_window
+        self.totals: dict[str, Throughput] = {}
+        """Per run: the throughput window and cumulative counts (``system/tps``)."""
+
+    def _totals(self, run: str) -> Throughput:
+        totals = self.totals.get(run)
+        if totals is None:
+            totals = self.totals[run] = Throughput(self.tps_window)
+        return totals
+
+    def finish(self, agg: Aggregator, run: RunSteps, state: StepState, missing: set) -> None:
+        over = agg.overcounted(run, state)
+        if over:
+            agg.health.overcounted_steps += 1
+            agg._ratelog.warn(
+                f"over:{run.name}",
+                f"run {run.name!r} step {state.step}: roles {sorted(r for r, _ in over)} have "
+                "more contributing processes than their world size; emitted partial",
+            )
+            missing = missing | over
+        metrics, roles = run.close(state, agg.membership.runs[run.name])
+        self._totals(run.name).derive(state.t_last, metrics)
+        if state.spans:
+            metrics.update(stragglers(state.spans))
+        record = StepRecord(
+            run=run.name,
+            step=state.step,
+            metrics=metrics,
+            partial=bool(missing),
+            missing=tuple(
+                f"{role}/{rank if rank >= 0 else 'overcounted'}" for role, rank in sorted(missing)
+            ),
+            ranks=len(state.contributors),
+            nonfinite=dict(state.nonfinite),
+            time=state.t_last,
+            roles=roles,
+            spans=tuple(state.spans),
+            distributions=run.distributions(state),
+        )
+        agg.health.steps_emitted += 1
+        if record.partial:
+            agg.health.partial_steps += 1
+            agg._ratelog.warn(
+                f"partial:{run.name}",
+                f"run {run.name!r} step {state.step} emitted partial; missing "
+                f"{', '.join(record.missing)}",
+            )
+        agg.emit(record)
+
+    def reopen(
+        self, agg: Aggregator, run: RunSteps, prod: ProducerInfo, step: int
+    ) -> set[Slot] | None:
+        return None  # a step record went out: what comes now is late
+
+    def before(self, agg: Aggregator, now: float) -> None:
+        pass
+
+    def after(self, agg: Aggregator, now: float | None) -> None:
+        pass
+
+    def note_emitted(self, agg: Aggregator, record: StepRecord) -> None:
+        """Continue the run's throughput window and cumulative totals from ``record``."""
+        self._totals(record.run).resume(record.time, record.metrics)
+
+    def snapshot(self, agg: Aggregator, out: dict) -> None:
+        for name, data in out["runs"].items():
+            data.update(self._totals(name).snapshot())
+
+    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+        for name, data in snapshot.get("runs", {}).items():
+            self._totals(name).restore(data)
+
+
 class Aggregator:
-    """Merges decoded messages and emits finished steps through ``emit``.
+    """Merges decoded messages and hands finished steps to its :class:`StepOutput`
+    (default: :class:`StepRecords`, which sends them through ``emit``).
 
     Time is passed in (``now``, monotonic seconds) so tests drive it without sleeping.
     """
 
-    decides_attempts = True
-    """Whether this collector decides run attempts (``rlpulse.collector.membership``); a relay
-    forwards names and lets the collector above decide."""
-
     def __init__(
         self,
-        emit: Callable[[StepRecord], None],
+        emit: Callable[[Any], None],
         config: CollectorConfig,
         *,
+        output: StepOutput | None = None,
         health: Health | None = None,
         catalog: Catalog = CATALOG,
     ) -> None:
         self.emit = emit
         self.config = config
+        self.output: StepOutput = output if output is not None else StepRecords(config.tps_window)
         self.health = health or Health()
         self.catalog = catalog
         self.membership = Membership(
-            liveness_s=config.liveness_s, health=self.health, attempts=self.decides_attempts
+            liveness_s=config.liveness_s, health=self.health, local=self.output.local
         )
         self.steps: dict[str, RunSteps] = {}
-        self.totals: dict[str, Throughput] = {}
         self.spans = SpanReader()
         self._ratelog = RateLimitedLog(log)
 
@@ -81,7 +202,6 @@ class Aggregator:
                 health=self.health,
                 max_names=self.config.max_names_per_run,
             )
-            self.totals[name] = Throughput(self.config.tps_window)
         return steps
 
     def open_steps(self) -> int:
@@ -102,6 +222,14 @@ class Aggregator:
                 self._withdraw_replaced(registered)
             return
         if kind is protocol.RelayHello:
+            if self.output.local:  # one tier of relays under the root
+                self.health.reject("relay_of_relay")
+                self._ratelog.warn(
+                    "relay_of_relay",
+                    f"relay {msg.producer:x} on {msg.host} sent its hello to this relay; relays "  # type: ignore[union-attr]
+                    "attach to the root only (its `upstream` should be the root's address)",
+                )
+                return
             self.membership.register_relay(msg, now)  # type: ignore[arg-type]
             for member in msg.members:  # type: ignore[union-attr]
                 prod = self.membership.producers.get(member.producer)
@@ -249,8 +377,12 @@ class Aggregator:
         position: object,
         replay: bool,
     ) -> StepState | None:
-        """Data for a step already emitted: late (counted, never merged); when replaying the
-        write-ahead log, data that went out with the step (skipped silently)."""
+        """Data for a step already emitted: opened again if the output says so (a relay's
+        rank that missed a forwarded step); otherwise late (counted, never merged), or, when
+        replaying the write-ahead log, data that went out with the step (skipped silently)."""
+        finished = self.output.reopen(self, run, prod, step)
+        if finished is not None:
+            return run.open(step, now, finished, position)
         if not replay:
             prod.late += 1
             self._late(run, f"{prod.role}/{prod.rank}", step)
@@ -345,6 +477,7 @@ class Aggregator:
     def poll(self, now: float) -> None:
         """Emit every step that is complete, or due to be emitted partial."""
         cfg = self.config
+        self.output.before(self, now)
         for name, run in list(self.steps.items()):
             if not run.steps:
                 continue
@@ -359,6 +492,7 @@ class Aggregator:
             )
             for state, missing in due:
                 self._emit(run, state, missing)
+        self.output.after(self, now)
 
     def flush(self) -> None:
         """Emit every open step now (shutdown): complete ones as usual, the rest partial."""
@@ -368,8 +502,9 @@ class Aggregator:
             for step in sorted(run.steps):
                 state = run.steps[step]
                 self._emit(run, state, expected - state.done)
+        self.output.after(self, None)
 
-    def _overcounted(self, run: RunSteps, state: StepState) -> set:
+    def overcounted(self, run: RunSteps, state: StepState) -> set:
         """Roles of ``state`` with more contributing processes than their world size (which
         withdrawal at takeovers prevents for direct producers): as slots to name missing."""
         members = self.membership.runs[run.name]
@@ -387,43 +522,7 @@ class Aggregator:
 
     def _emit(self, run: RunSteps, state: StepState, missing: set) -> None:
         run.merge_step(state.step)
-        over = self._overcounted(run, state)
-        if over:
-            self.health.overcounted_steps += 1
-            self._ratelog.warn(
-                f"over:{run.name}",
-                f"run {run.name!r} step {state.step}: roles {sorted(r for r, _ in over)} have "
-                "more contributing processes than their world size; emitted partial",
-            )
-            missing = missing | over
-        metrics, roles = run.close(state, self.membership.runs[run.name])
-        self.totals[run.name].derive(state.t_last, metrics)
-        if state.spans:
-            metrics.update(stragglers(state.spans))
-        record = StepRecord(
-            run=run.name,
-            step=state.step,
-            metrics=metrics,
-            partial=bool(missing),
-            missing=tuple(
-                f"{role}/{rank if rank >= 0 else 'overcounted'}" for role, rank in sorted(missing)
-            ),
-            ranks=len(state.contributors),
-            nonfinite=dict(state.nonfinite),
-            time=state.t_last,
-            roles=roles,
-            spans=tuple(state.spans),
-            distributions=run.distributions(state),
-        )
-        self.health.steps_emitted += 1
-        if record.partial:
-            self.health.partial_steps += 1
-            self._ratelog.warn(
-                f"partial:{run.name}",
-                f"run {run.name!r} step {state.step} emitted partial; missing "
-                f"{', '.join(record.missing)}",
-            )
-        self.emit(record)
+        self.output.finish(self, run, state, missing)
 
     # ------------------------------------------------------------------ durable state
 
@@ -437,20 +536,22 @@ class Aggregator:
         ]
         return min(positions) if positions else None  # type: ignore[type-var]
 
-    def note_emitted(self, record: StepRecord) -> None:
-        """Recovery: ``record`` is in the outbox already; never emit that step again, and
-        continue its run's throughput window and cumulative totals from it."""
-        self.membership.ensure_run(record.run, 0.0)
-        run = self._run(record.run)
-        run.last_emitted = max(run.last_emitted, record.step)
-        self.totals[record.run].resume(record.time, record.metrics)
+    def note_emitted(self, record: Any) -> None:
+        """Recovery: ``record`` (a step record, or a relay's) is in the outbox already; never
+        emit that step again, and let the output continue from it."""
+        run_name, step = getattr(record, "run", ""), getattr(record, "step", -1)
+        if run_name and step >= 0:
+            self.membership.ensure_run(run_name, 0.0)
+            run = self._run(run_name)
+            run.last_emitted = max(run.last_emitted, step)
+        self.output.note_emitted(self, record)
 
     def snapshot(self) -> dict:
         """Producers and per-run progress (open steps excluded: they are rebuilt from the log)."""
         out = self.membership.snapshot()
         for name, data in out["runs"].items():
             data["last_emitted"] = self.steps[name].last_emitted if name in self.steps else -1
-            data.update(self.totals[name].snapshot() if name in self.totals else {})
+        self.output.snapshot(self, out)
         return out
 
     def restore(self, snapshot: Mapping, now: float) -> None:
@@ -458,4 +559,4 @@ class Aggregator:
         for name, data in snapshot.get("runs", {}).items():
             run = self._run(name)
             run.last_emitted = int(data["last_emitted"])
-            self.totals[name].restore(data)
+        self.output.restore(self, snapshot)

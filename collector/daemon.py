@@ -45,7 +45,7 @@ from rlpulse.collector.fanout import FanOut
 from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.receiver import Endpoint, Receiver
-from rlpulse.collector.relay import RelayAggregator
+from rlpulse.collector.relay import Relay
 from rlpulse.collector.sinks import build_sink
 from rlpulse.collector.sinks.base import Sink, SinkContext
 from rlpulse.collector.upstream import UpstreamSink, relay_id
@@ -128,10 +128,12 @@ class Collector:
             sink.open()
             self._opened.append(sink)
         emit = self.durable.emit if self.durable else self.fanout.put
-        self.aggregator = (
-            Aggregator(emit, config, health=self.health, catalog=CATALOG)
-            if relay is None
-            else RelayAggregator(emit, config, relay_id=relay, health=self.health, catalog=CATALOG)
+        self.aggregator = Aggregator(
+            emit,
+            config,
+            output=Relay(relay) if relay is not None else None,
+            health=self.health,
+            catalog=CATALOG,
         )
         self.delivery = Delivery(self.health, clock=clock)
         self.limits = protocol.Limits(

@@ -93,7 +93,7 @@ class Members:
     """One run's topology: roles and their world sizes, which producer holds each (role,
     rank) slot, and the bit that marks each role in a merged row (``StepState.roles``)."""
 
-    def __init__(self, first_seen: float) -> None:
+    def __init__(self, first_seen: float, *, local_only: bool = False) -> None:
         self.first_seen = first_seen
         self.roles: dict[str, int] = {}
         self.role_bits: dict[str, int] = {}
@@ -102,7 +102,7 @@ class Members:
         """A producer sent the whole topology: no need to wait for late registrations."""
         self.expected_roles: dict[str, int] = {}
         """That topology, as declared."""
-        self.local_only = False
+        self.local_only = local_only
         """A relay's view: wait for the ranks registered here, not for the whole topology."""
         self._expected: set[Slot] | None = None
 
@@ -150,14 +150,18 @@ class Membership:
     new attempt, recorded as ``name-2`` (``name-3``...), said in a warning, counted
     (``run_attempts``) and told to the producer in its acknowledgement, unless the producer
     says it resumes (``Hello.resume``): then it continues the run, and whatever it sends for
-    steps already emitted is late, counted and told back. A relay (``attempts`` false) does
-    not decide: it forwards the name and the collector above decides.
+    steps already emitted is late, counted and told back.
+
+    ``local`` (a relay's membership): a run waits for the ranks registered here only, not the
+    whole topology, and run attempts are not decided here: the name is forwarded and the
+    collector above decides.
     """
 
-    def __init__(self, *, liveness_s: float, health: Health, attempts: bool = True) -> None:
+    def __init__(self, *, liveness_s: float, health: Health, local: bool = False) -> None:
         self.liveness_s = liveness_s
         self.health = health
-        self.attempts = attempts
+        self.local = local
+        self.attempts = not local
         self.current: dict[str, str] = {}
         """A run name producers give -> its latest attempt here, when that is another name."""
         self.decided = False
@@ -188,7 +192,7 @@ class Membership:
         name = self._attempt(msg, now)
         run = self.runs.get(name)
         if run is None:
-            run = self.runs[name] = Members(now)
+            run = self.runs[name] = Members(now, local_only=self.local)
         for role, size in msg.expected.items():
             run.declared = True
             run.expected_roles.setdefault(role, size)
@@ -483,7 +487,7 @@ class Membership:
                 TableDecl(i, names, bytes(kinds)) for i, names, kinds in tables
             )
         for name, data in snapshot.get("runs", {}).items():
-            run = self.runs[name] = Members(now)
+            run = self.runs[name] = Members(now, local_only=self.local)
             run.roles = dict(data["roles"])
             run.role_bits = dict(data["role_bits"])
             run.slots = {(role, rank): int(pid) for role, rank, pid in data["slots"]}
@@ -495,5 +499,5 @@ class Membership:
         """The run's members, created empty if unknown (recovery of an emitted step)."""
         run = self.runs.get(name)
         if run is None:
-            run = self.runs[name] = Members(now)
+            run = self.runs[name] = Members(now, local_only=self.local)
         return run

@@ -102,7 +102,7 @@ def prom_metric(name: str, catalog: Catalog = CATALOG) -> PromMetric:
     >>> prom_metric("tokens/response_length/mean").name
     'rlpulse_tokens_response_length_mean'
     """
-    resolved = catalog.resolve(name)
+    resolved = catalog.resolve(name)  # describes a reported name; merging decided it already
     suffix, scale = UNITS.get(resolved.unit, ("", 1.0))
     body = sanitize(name)
     labels: tuple[tuple[str, str], ...] = ()

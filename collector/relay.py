@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +39,10 @@ import msgspec
 import numpy as np
 
 from rlpulse.collector.aggregator import Aggregator
-from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.health import Health
 from rlpulse.collector.membership import ProducerInfo, Slot
 from rlpulse.collector.steps import RunSteps, StepState
 from rlpulse.schemas import protocol
-from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.messages import Member, Table, TableDecl
-from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.sketch import encode as encode_sketch
 
 log = logging.getLogger("rlpulse.collector.relay")
@@ -111,22 +107,18 @@ class _Forwarded:
             del self.slots[min(self.slots)]
 
 
-class RelayAggregator(Aggregator):
-    """The aggregator of a relay: completes steps over its own ranks and emits
-    :class:`RelayRecord` instead of step records (see the module docstring)."""
+class Relay:
+    """A relay's :class:`~rlpulse.collector.aggregator.StepOutput`: an aggregator with this
+    output completes steps over its own ranks and emits :class:`RelayRecord` (announcements,
+    deltas, heartbeats) for the upstream sink instead of step records (see the module
+    docstring).
 
-    decides_attempts = False
+    >>> # agg = Aggregator(outbox.put, config, output=Relay(relay_id(state_dir)))
+    """
 
-    def __init__(
-        self,
-        emit: Callable[[Any], None],
-        config: CollectorConfig,
-        *,
-        relay_id: int,
-        health: Health | None = None,
-        catalog: Catalog = CATALOG,
-    ) -> None:
-        super().__init__(emit, config, health=health, catalog=catalog)
+    local = True
+
+    def __init__(self, relay_id: int) -> None:
         self.relay_id = relay_id
         """The producer id this relay has upstream (``rlpulse.collector.upstream.relay_id``,
         persisted in ``state_dir``)."""
@@ -136,64 +128,44 @@ class RelayAggregator(Aggregator):
         self.announced: dict[int, Member] = {}
         self._dirty: list[TableDecl] = []
         self._now = 0.0
+        """The time of the latest poll."""
         self._last_sent = -HEARTBEAT_S
 
-    def _send(self, record: RelayRecord) -> None:
+    def _send(self, agg: Aggregator, record: RelayRecord) -> None:
         self._last_sent = self._now
-        self.emit(record)
+        agg.emit(record)
 
-    # ------------------------------------------------------------------ who is expected
+    def _forwarded(self, run: str) -> _Forwarded:
+        forwarded = self.forwarded.get(run)
+        if forwarded is None:
+            forwarded = self.forwarded[run] = _Forwarded()
+        return forwarded
 
-    def _run(self, name: str) -> RunSteps:
-        run = super()._run(name)
-        members = self.membership.runs.get(name)
-        if members is not None:
-            members.local_only = True
-        self.forwarded.setdefault(name, _Forwarded())
-        return run
-
-    def _after_emission(
-        self,
-        run: RunSteps,
-        prod: ProducerInfo,
-        step: int,
-        now: float,
-        position: object,
-        replay: bool,
-    ) -> StepState | None:
+    def reopen(
+        self, agg: Aggregator, run: RunSteps, prod: ProducerInfo, step: int
+    ) -> set[Slot] | None:
         """A rank's data for a step already forwarded without it: a new delta for the step
         (the root adds it), unless its data for the step already went (then it is late)."""
-        done = self.forwarded[run.name].slots.get(step)
+        done = self._forwarded(run.name).slots.get(step)
         if done is None or prod.slot in done:
-            return super()._after_emission(run, prod, step, now, position, replay)
-        finished = self.membership.finished_slots(run.name, step) | done
-        return run.open(step, now, finished, position)
-
-    def handle(
-        self, msg: protocol.Message, now: float, position: object = None, replay: bool = False
-    ) -> None:
-        if type(msg) is protocol.RelayHello:  # one tier of relays under the root
-            self.health.reject("relay_of_relay")
-            self._ratelog.warn(
-                "relay_of_relay",
-                f"relay {msg.producer:x} on {msg.host} sent its hello to this relay; relays "
-                "attach to the root only (its `upstream` should be the root's address)",
-            )
-            return
-        super().handle(msg, now, position, replay)
+            return None
+        return agg.membership.finished_slots(run.name, step) | done
 
     # ------------------------------------------------------------------ forwarding
 
-    def poll(self, now: float) -> None:
+    def before(self, agg: Aggregator, now: float) -> None:
         self._now = now
-        self._announce(now)
-        super().poll(now)
-        self._catch_up_watermarks()
-        if now - self._last_sent >= HEARTBEAT_S:
-            self._send(RelayRecord("heartbeat"))
+        self._announce(agg, now)
 
-    def _member(self, prod: ProducerInfo, now: float) -> Member:
-        membership = self.membership
+    def after(self, agg: Aggregator, now: float | None) -> None:
+        """Forward every member's watermark that is safe to; at polls, a heartbeat when
+        nothing went up for ``HEARTBEAT_S``."""
+        self._catch_up_watermarks(agg)
+        if now is not None and now - self._last_sent >= HEARTBEAT_S:
+            self._send(agg, RelayRecord("heartbeat"))
+
+    def _member(self, agg: Aggregator, prod: ProducerInfo, now: float) -> Member:
+        membership = agg.membership
         if prod.logs:
             expected = dict(membership.runs[prod.run].expected_roles)
             gone = membership.gone(prod.run, prod.slot, now)
@@ -213,24 +185,19 @@ class RelayAggregator(Aggregator):
             prod.resume,
         )
 
-    def flush(self) -> None:
-        """Shutdown: forward every open step (as any collector emits them), then every
-        member's watermark."""
-        super().flush()
-        self._catch_up_watermarks()
-
-    def _announce(self, now: float) -> None:
+    def _announce(self, agg: Aggregator, now: float) -> None:
         """Members new or changed (joined, presumed gone, back), and tables new: an
         announcement record, ahead of any delta that needs it."""
         changed = []
-        membership = self.membership
+        membership = agg.membership
         for prod in (*membership.producers.values(), *membership.endpoints.values()):
-            member = self._member(prod, now)
+            member = self._member(agg, prod, now)
             if self.announced.get(prod.pid) != member:
                 self.announced[prod.pid] = member
                 changed.append(member)
         if changed or self._dirty:
-            self._send(RelayRecord("announce", tables=tuple(self._dirty), members=tuple(changed)))
+            record = RelayRecord("announce", tables=tuple(self._dirty), members=tuple(changed))
+            self._send(agg, record)
             self._dirty = []
 
     def _table(self, table: Table) -> int:
@@ -240,10 +207,10 @@ class RelayAggregator(Aggregator):
             self._dirty.append(TableDecl(number, list(table.names), table.kinds))
         return number
 
-    def _emit(self, run: RunSteps, state: StepState, missing: set) -> None:
-        run.merge_step(state.step)
-        members = self.membership.runs[run.name]
-        forwarded = self.forwarded[run.name]
+    def finish(self, agg: Aggregator, run: RunSteps, state: StepState, missing: set) -> None:
+        """Forward the step's merged states, and the watermarks of the ranks it covers."""
+        members = agg.membership.runs[run.name]
+        forwarded = self._forwarded(run.name)
         touched = np.flatnonzero(state.touched[: len(run.names)])
         roles = state.roles[touched].tolist()
         del run.steps[state.step]
@@ -279,17 +246,18 @@ class RelayAggregator(Aggregator):
             pid = members.slots[slot]
             marks.append((pid, state.step))
             forwarded.watermarks[pid] = max(forwarded.watermarks.get(pid, -1), state.step)
-        self.health.steps_emitted += 1
+        agg.health.steps_emitted += 1
         if missing:
-            self.health.partial_steps += 1
+            agg.health.partial_steps += 1
         if self._dirty:  # a new table: announced before the delta that uses it
-            self._send(RelayRecord("announce", tables=tuple(self._dirty)))
+            self._send(agg, RelayRecord("announce", tables=tuple(self._dirty)))
             self._dirty = []
         spans = [(state.step, span) for span in state.spans]
-        self._forward(run.name, state.step, entries, marks, spans, sketches)
+        self._forward(agg, run.name, state.step, entries, marks, spans, sketches)
 
     def _forward(
         self,
+        agg: Aggregator,
         run: str,
         step: int,
         entries: list,
@@ -300,29 +268,31 @@ class RelayAggregator(Aggregator):
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         delta = protocol.Delta(self.relay_id, seq, run, entries, marks, spans or [], sketches or [])
         message = protocol.encode(delta)
-        self._send(RelayRecord("delta", seq=seq, run=run, step=step, message=message))
+        record = RelayRecord("delta", seq=seq, run=run, step=step, message=message)
+        self._send(agg, record)
 
-    def _catch_up_watermarks(self) -> None:
+    def _catch_up_watermarks(self, agg: Aggregator) -> None:
         """With nothing of a run left open here, every member's own watermark is safe to
         forward (its data is all upstream): the root then stops waiting for ranks that
         finished, or log nothing, at steps no one here logged."""
-        for name, run in self.steps.items():
+        membership = agg.membership
+        for name, run in agg.steps.items():
             if run.steps:
                 continue
-            forwarded = self.forwarded[name]
+            forwarded = self._forwarded(name)
             marks = []
-            for prod in self.membership.producers.values():
-                if prod.run != name or not self.membership.holds_slot(prod):
+            for prod in membership.producers.values():
+                if prod.run != name or not membership.holds_slot(prod):
                     continue
                 if prod.watermark > forwarded.watermarks.get(prod.pid, -1):
                     forwarded.watermarks[prod.pid] = prod.watermark
                     marks.append((prod.pid, prod.watermark))
             if marks:
-                self._forward(name, -1, [], marks)
+                self._forward(agg, name, -1, [], marks)
 
     # ------------------------------------------------------------------ durable state
 
-    def note_emitted(self, record: Any) -> None:
+    def note_emitted(self, agg: Aggregator, record: Any) -> None:
         """Recovery: what this record forwarded (or announced) is not done again."""
         if not isinstance(record, RelayRecord):
             return
@@ -337,22 +307,19 @@ class RelayAggregator(Aggregator):
         self.next_seq = max(self.next_seq, record.seq + 1)
         delta = protocol.decode(record.message)
         assert isinstance(delta, protocol.Delta)
-        self.membership.ensure_run(delta.run, 0.0)
-        run = self._run(delta.run)
-        forwarded = self.forwarded[delta.run]
-        run.last_emitted = max(run.last_emitted, record.step)
+        agg.membership.ensure_run(delta.run, 0.0)
+        forwarded = self._forwarded(delta.run)
         slots = {
-            self.membership.producers[pid].slot
+            agg.membership.producers[pid].slot
             for pid, _ in delta.watermarks
-            if pid in self.membership.producers
+            if pid in agg.membership.producers
         }
         if record.step >= 0:
             forwarded.add(record.step, slots)
         for pid, mark in delta.watermarks:
             forwarded.watermarks[pid] = max(forwarded.watermarks.get(pid, -1), mark)
 
-    def snapshot(self) -> dict:
-        out = super().snapshot()
+    def snapshot(self, agg: Aggregator, out: dict) -> None:
         out["relay"] = {
             "next_seq": self.next_seq,
             "tables": [[n, list(t.names), list(t.kinds)] for t, n in self.tables.items()],
@@ -365,10 +332,8 @@ class RelayAggregator(Aggregator):
                 for name, f in self.forwarded.items()
             },
         }
-        return out
 
-    def restore(self, snapshot: Mapping, now: float) -> None:
-        super().restore(snapshot, now)
+    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
         data = snapshot.get("relay")
         if not data:
             return
@@ -378,6 +343,6 @@ class RelayAggregator(Aggregator):
         for pid, member in data["announced"].items():
             self.announced[int(pid)] = msgspec.convert(member, Member)
         for name, f in data["forwarded"].items():
-            fw = self.forwarded.setdefault(name, _Forwarded())
+            fw = self._forwarded(name)
             fw.slots = {int(s): {(r, k) for r, k in v} for s, v in f["slots"].items()}
             fw.watermarks = {int(p): w for p, w in f["watermarks"].items()}

@@ -166,8 +166,9 @@ class RunSteps:
     def _row_of(self, name: str, kind: int) -> int | None:
         """The row of ``name``, added on first sight; None when it is dropped (counted)."""
         j = self.index.get(name)
-        if j is None:
-            resolved = self.catalog.resolve(name, Reduction(kind))
+        sent = Reduction(kind)
+        if j is None:  # the collector's catalog decides ("Who decides": rlpulse.schemas.catalog)
+            resolved = self.catalog.resolve(name, sent)
             if resolved.derived:
                 self.health.derived_logged += 1
                 self._ratelog.warn(
@@ -187,13 +188,11 @@ class RunSteps:
             self.index[name] = j
             self.names.append(name)
             self.resolved.append(resolved)
-        if int(self.resolved[j].reduction) != kind and not (
-            kind == Reduction.MEAN and self.resolved[j].reduction is Reduction.DIST
-        ):  # a distribution's row is a pooled mean: producers send it as MEAN
+        if not self.resolved[j].accepts(sent):
             self.health.kind_mismatch += 1
             self._ratelog.warn(
                 f"kind:{name}",
-                f"{name}: producer sent reduction {Reduction(kind).name}, the catalog says "
+                f"{name}: producer sent reduction {sent.name}, the catalog says "
                 f"{self.resolved[j].reduction.name}; using the catalog",
             )
         return j

@@ -95,6 +95,8 @@ class Encoder:
             )
             code = _BAD_NAME
         else:
+            # What to send only: the collector's catalog decides the merge ("Who decides",
+            # rlpulse.schemas.catalog).
             code = int(self.catalog.resolve(name, self.declared.get(name)).reduction)
         if len(self._kinds) < _CACHED_NAMES:
             self._kinds[name] = code

@@ -13,10 +13,21 @@ names it is *reported* under (``critic/advantages/mean``, ``.../max``, ``.../min
 * anything else: a weighted mean reported under the name itself, unless the producer
   declared another reduction.
 
+**Who decides.** The catalog is read on three sides of a value's way: the producer, to
+encode the reduction it sends with each name; the collector, to merge the name and name its
+outputs; the Prometheus sink, for the unit, type and help of each name reported. The
+*collector's* catalog decides (:meth:`Catalog.resolve` there, then
+:meth:`Resolved.accepts` for what each producer sent): for a name in it, its reduction and
+outputs, whatever the producer sent (a disagreement, as between two rlpulse versions, is
+counted as ``kind_mismatch`` and warned); for a name outside it, the reduction the producer
+declared (``Producer(reductions=...)``), which the name table carries. The producer's lookup
+only chooses what to send, and the Prometheus sink only describes what the collector
+reported: neither overrides a merge.
+
 >>> from rlpulse.schemas.metrics import CATALOG
->>> r = CATALOG.resolve("critic/advantages")
+>>> r = CATALOG.resolve("critic/score")
 >>> r.reduction.name, sorted(r.outputs.values())
-('MEAN', ['critic/advantages/max', 'critic/advantages/mean', 'critic/advantages/min'])
+('MEAN', ['critic/score/max', 'critic/score/mean', 'critic/score/min'])
 """
 
 from __future__ import annotations
@@ -43,6 +54,19 @@ class Resolved:
     known: bool = False
     derived: bool = False
     cumulative: bool = False
+
+    def accepts(self, sent: Reduction) -> bool:
+        """Whether a producer that sent this name as ``sent`` agrees with how it merges
+        (see "Who decides" above); where not, the collector merges it as resolved here. A
+        distribution's row travels as a pooled mean, so ``MEAN`` agrees with ``DIST``.
+
+        >>> from rlpulse.schemas.metrics import CATALOG
+        >>> CATALOG.resolve("actor/pg_clipfrac").accepts(Reduction.MAX)
+        False
+        """
+        return self.reduction is sent or (
+            sent is Reduction.MEAN and self.reduction is Reduction.DIST
+        )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.relay import HEARTBEAT_S, RelayAggregator, RelayRecord
+from rlpulse.collector.relay import HEARTBEAT_S, Relay as RelayOutput, RelayRecord
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.messages import Member, TableDecl
 from rlpulse.schemas.record import StepRecord
@@ -23,7 +23,8 @@ class Relay:
 
     def __init__(self, relay_id: int, root: Aggregator, clock: list[float]) -> None:
         config = CollectorConfig(upstream="tcp://127.0.0.1:1", trackers={}, **TIMING)  # type: ignore[arg-type]
-        self.agg = RelayAggregator(self._forward, config, relay_id=relay_id)
+        self.relay = RelayOutput(relay_id)
+        self.agg = Aggregator(self._forward, config, output=self.relay)
         self.root, self.clock = root, clock
         self.tables: dict[int, TableDecl] = {}
         self.members: dict[int, Member] = {}
@@ -36,7 +37,7 @@ class Relay:
             self.tables.update((t.id, t) for t in record.tables)
             self.members.update((m.producer, m) for m in record.members)
             msg = P.RelayHello(
-                self.agg.relay_id,
+                self.relay.relay_id,
                 1,
                 "h",
                 1,
@@ -47,7 +48,7 @@ class Relay:
         elif record.kind == "delta":
             self.root.handle(P.decode(record.message), now)
         elif record.kind == "heartbeat":
-            self.root.handle(P.Heartbeat(self.agg.relay_id, 0, {}), now)
+            self.root.handle(P.Heartbeat(self.relay.relay_id, 0, {}), now)
 
 
 class Tiers:
