@@ -34,9 +34,9 @@ from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
-from rlpulse.producer.reduce import InvalidValue, reduce_value
+from rlpulse.producer.reduce import InvalidValue, Snapshot, snapshot_value
 from rlpulse.producer.sender import Call, Done, Flush, Item, Sender
-from rlpulse.producer.sketch import dist_names, snapshot_value
+from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
@@ -153,6 +153,10 @@ class Producer:
         )
         declared = {k: Reduction.parse(v) for k, v in (reductions or {}).items()}
         self._dists = dist_names(catalog)  # names whose samples are also sketched
+        self._copied = 0
+        """Bytes of host samples ``log()`` copied for the sender (its ``released_bytes``
+        says how many it has reduced and let go)."""
+        self._copy_limit = config.snapshot_limit_bytes
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
@@ -228,6 +232,7 @@ class Producer:
             payload = dict(data)
             # Inlined _device_context(): this is the hot path.
             device = self._device if self._device_known else self._find_device()
+            copied, masks, room = 0, None, 0
             for name, value in payload.items():
                 if type(value) in _SIMPLE:
                     continue
@@ -236,10 +241,19 @@ class Producer:
                         if call is None:
                             call = device.call()
                         payload[name] = call.add(value, sketch=name in self._dists)
-                    elif name in self._dists:
-                        payload[name] = snapshot_value(value)  # sketched by the sender
-                    else:
-                        payload[name] = reduce_value(value)
+                        continue
+                    if masks is None:  # host copies: reduced by the sender, bounded in bytes
+                        masks = {}
+                        room = self._copy_limit - (self._copied - self._sender.released_bytes)
+                    snap = (
+                        snapshot_dist(value, masks, room)
+                        if name in self._dists
+                        else snapshot_value(value, masks, room)
+                    )
+                    if isinstance(snap, Snapshot):
+                        copied += snap.nbytes
+                        room -= snap.nbytes
+                    payload[name] = snap
                 except InvalidValue as exc:
                     payload[name] = INVALID
                     c.invalid += 1
@@ -248,7 +262,8 @@ class Producer:
                 waits = (*waits, *call.seal())
             if deferred:
                 payload.update(deferred)
-            self._queue.append(Call(step, time.time(), payload, waits, phase))
+            self._copied += copied
+            self._queue.append(Call(step, time.time(), payload, waits, phase, copied))
             c.logged += 1
             if not self._wake.is_set():
                 self._wake.set()

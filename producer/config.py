@@ -30,8 +30,10 @@ class ProducerConfig:
       beyond either, new ones are dropped and counted (``dropped_buffer_full``).
     * ``resend_s``: acknowledgements stalled this long make the producer resend.
     * ``gpu_sample_s``: seconds between NVML readings of the GPUs; 0 turns GPU state off.
-    * ``snapshot_limit_bytes``: GPU memory held by snapshots the sender has not reduced yet;
-      past it ``log()`` reduces on the caller's stream (``rlpulse.producer.device``).
+    * ``snapshot_limit_bytes``: memory held by snapshots the sender has not reduced yet, GPU
+      memory and host copies each; past it ``log()`` reduces at once (on the caller's stream
+      for GPU values, ``rlpulse.producer.device``; in the caller for host arrays,
+      ``rlpulse.producer.reduce``).
     """
 
     max_pending: int = 10_000

@@ -8,6 +8,9 @@ name; a ``LAST`` metric takes exactly one sample.
 Names travel once: each distinct list of names an entry carries becomes a numbered table
 (:attr:`Encoder.tables`), declared in the producer's hello, and entries refer to it by number.
 A training loop logs the same names step after step, so a run needs a handful of tables.
+That also gives the common call its fast path: the same names as a call before, every value
+a finite number, none a distribution's: one numpy pass builds its rows (a loop over names
+cost about 1.3 µs each in the sender thread).
 
 The collector's limits are applied here, before anything is sent (``DEFAULT_LIMITS``): a
 collector refuses a table with a name too long or too many names, so such names are dropped
@@ -70,6 +73,10 @@ class Encoder:
         self._kinds: dict[str, int] = {}
         """Reduction code by name, ``_BAD_NAME`` for a name the collector would refuse."""
         self._table_ids: dict[tuple[str, ...], int] = {}
+        self._plain: dict[tuple[Any, ...], int] = {}
+        """Name lists (a payload's keys, in order) whose every name went into a table with
+        no distribution metric: a call with those keys and finite numbers only takes
+        :meth:`_plain_entry`."""
         self.tables: list[TableDecl] = []
         """Every table declared so far, in order: what the hello says."""
         self._hello_bytes = 0
@@ -104,11 +111,18 @@ class Encoder:
 
     def entry(self, step: int, t: float, payload: Mapping[Any, Any]) -> tuple | None:
         """The wire entry of one call; None when nothing in it is left to send."""
+        keys = tuple(payload)
+        table = self._plain.get(keys)
+        if table is not None:
+            fast = _plain_entry(step, t, table, payload)
+            if fast is not None:
+                return fast
         names: list[str] = []
         kinds = bytearray()
         vals = array.array("d")
         nonfinite: dict[str, int] = {}
         sketches: dict[int, bytes] = {}  # table row -> sketch, of distribution metrics
+        dist = False
         c = self.counters
         known = self._kinds
         most = self.limits.max_names
@@ -122,7 +136,12 @@ class Encoder:
             if v is INVALID:
                 continue
             if type(v) in _NUMBER:
-                x = float(v)
+                try:
+                    x = float(v)
+                except OverflowError:  # an int beyond float64
+                    c.invalid += 1
+                    self.warn_once(f"value:{name}", f"{name}: an int beyond float64; dropped")
+                    continue
                 if not math.isfinite(x):
                     nonfinite[name] = 1
                     c.nonfinite += 1
@@ -161,6 +180,7 @@ class Encoder:
                 )
                 continue
             if code == _DIST:  # the row merges as a mean; the sketch rides beside it
+                dist = True
                 if type(v) is tuple and len(v) > 2:
                     sketches[len(names)] = v[2]
                 code = _MEAN
@@ -172,6 +192,8 @@ class Encoder:
         table = self._table(names, kinds)
         if table is None:
             return None
+        if len(names) == len(keys) and not dist and len(self._plain) < MAX_TABLES:
+            self._plain[keys] = table
         if _BIG_ENDIAN:
             vals.byteswap()
         return protocol.pack_entry(step, t, table, vals.tobytes(), nonfinite, sketches)
@@ -202,6 +224,27 @@ class Encoder:
             self.tables.append(TableDecl(table, names, bytes(kinds)))
             self.new_tables = True
         return table
+
+
+def _plain_entry(step: int, t: float, table: int, payload: Mapping[Any, Any]) -> tuple | None:
+    """The entry of a call whose values are all finite numbers, one sample each, in one
+    numpy pass; None when one is not (the caller takes the general path)."""
+    values = list(payload.values())
+    for v in values:
+        if type(v) not in _NUMBER:
+            return None
+    try:
+        x = np.array(values, dtype=np.float64)
+    except OverflowError:  # an int beyond float64: the general path says so
+        return None
+    if not math.isfinite(float(x.sum())):  # a non-finite value (or an overflow): counted there
+        return None
+    rows = np.empty((x.size, 4), dtype="<f8")
+    rows[:, 0] = x
+    rows[:, 1] = 1.0
+    rows[:, 2] = x
+    rows[:, 3] = x
+    return protocol.pack_entry(step, t, table, rows.tobytes(), {}, {})
 
 
 def _encodable(name: str) -> bool:

@@ -1,8 +1,14 @@
-"""Turn whatever ``log()`` was given into a mergeable state, in the caller's thread.
+"""Turn whatever ``log()`` was given into a mergeable state.
 
-Host data (numbers, numpy arrays, CPU tensors) is reduced here, at once. Tensors on a GPU are
-handed to ``rlpulse.producer.device``: the caller only snapshots them, and the sender thread reduces
-them later, so ``log()`` never waits for the GPU. Raw arrays never leave the producer.
+Numbers, ``Weighted`` and ``Fraction`` are reduced in the caller's thread, at once. Host arrays
+(numpy arrays, CPU tensors, ``Masked`` of them) of at least :data:`COPY_MIN` elements are
+copied in the caller (:func:`snapshot_value`, a few µs) and reduced by the sender thread
+(:meth:`Snapshot.reduce`, tens of µs for a few thousand samples): the training thread pays
+for a copy, not for the reduction, and may change its arrays right after ``log()``. Smaller
+ones, and any beyond the producer's ``snapshot_limit_bytes`` of copies not yet reduced, are
+reduced at once. Tensors on a GPU are handed to ``rlpulse.producer.device``: the caller only
+snapshots them, and the sender thread reduces them later, so ``log()`` never waits for the
+GPU. Raw arrays never leave the producer.
 
 A reduced value is ``(Summary, nonfinite)``: the mergeable state of ``rlpulse.schemas.values`` and how
 many non-finite samples were left out of it (counted, never merged).
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -111,6 +118,79 @@ def selected(values: Any, mask: Any | None) -> np.ndarray:
             raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
         arr = np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr)
     return arr
+
+
+COPY_MIN = 256
+"""Host arrays of at least this many samples are copied in ``log()`` and reduced by the sender
+thread; below it, reducing them at once costs the caller about what the copy would."""
+
+
+class Snapshot:
+    """Samples copied in ``log()``, reduced later by the sender thread (:meth:`reduce`):
+    ``values`` and ``mask`` (or None) are the producer's own copies, flat, of the same size;
+    ``nbytes`` what the copies hold (counted against ``snapshot_limit_bytes`` until reduced).
+    """
+
+    __slots__ = ("mask", "nbytes", "values")
+
+    def __init__(self, values: np.ndarray, mask: np.ndarray | None) -> None:
+        self.values = values
+        self.mask = mask
+        self.nbytes = values.nbytes + (0 if mask is None else mask.nbytes)
+
+    def reduce(self) -> Reduced | tuple:
+        """The exact state of the selected samples (raises :class:`InvalidValue`)."""
+        return _numpy(self.values, self.mask)
+
+
+def _host_array(values: Any) -> np.ndarray | None:
+    """A flat numpy view of host ``values`` (a numpy array or a CPU tensor), or None for
+    anything else (numbers, lists, tensors numpy cannot view or not on the CPU)."""
+    if isinstance(values, np.ndarray):
+        return values.reshape(-1) if values.dtype.kind in "biuf" else None
+    if _is_tensor(values) and values.device.type == "cpu":
+        view = _numpy_view(values)
+        return None if view is None else view.reshape(-1)
+    return None
+
+
+def snapshot_value(
+    value: Any,
+    masks: dict[int, np.ndarray] | None = None,
+    room: float = math.inf,
+    *,
+    cls: type[Snapshot] = Snapshot,
+    least: int = COPY_MIN,
+    now: Callable[[Any], Any] | None = None,
+) -> Any:
+    """In ``log()``: a :class:`Snapshot` (``cls``) of host samples of at least ``least``
+    elements whose copies fit in ``room`` bytes; anything else reduced now (by ``now``,
+    default :func:`reduce_value`). ``masks`` holds the masks this call copied already, by
+    ``id`` (a response mask shared by every per-token tensor is copied once). Raises
+    :class:`InvalidValue`.
+
+    >>> snap = snapshot_value(np.arange(300.0))
+    >>> type(snap).__name__, snap.reduce()[0].weight
+    ('Snapshot', 300.0)
+    """
+    values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
+    arr = None if isinstance(value, (Weighted, Fraction)) else _host_array(values)
+    if arr is None or arr.size < least or arr.nbytes > room:
+        return (now or reduce_value)(value)
+    masks = {} if masks is None else masks
+    m = None
+    if mask is not None:
+        m = masks.get(id(mask))
+        if m is None:
+            view = _host_array(mask)
+            if view is None:  # a list, a GPU mask: read as reduce_value would
+                view = np.asarray(
+                    mask.detach().cpu().numpy() if _is_tensor(mask) else mask
+                ).reshape(-1)
+            m = masks[id(mask)] = view.copy()
+        if m.size != arr.size:
+            raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
+    return cls(arr.copy(), m)
 
 
 def _numpy(values: Any, mask: Any | None) -> Reduced:

@@ -29,7 +29,7 @@ from rlpulse.producer.deferred import Pending
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.sketch import Samples
+from rlpulse.producer.reduce import Snapshot
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -41,7 +41,8 @@ log = logging.getLogger("rlpulse.producer")
 class Call(NamedTuple):
     """A queued ``log()`` call: its step and wall time, its values by name (None once its GPU
     values are lost: then only ``step`` and ``time`` still count), the device work they wait
-    for, and whether it ends a phase (the sender then reads the GPUs).
+    for, whether it ends a phase (the sender then reads the GPUs), and the bytes of host
+    copies among its values (``rlpulse.producer.reduce.Snapshot``: 0, none to reduce).
 
     >>> Call(7, time.time(), {"actor/pg_loss": 0.31}, (), False).step
     7
@@ -52,6 +53,7 @@ class Call(NamedTuple):
     payload: dict | None
     waits: tuple[Pending, ...]
     phase_end: bool
+    copied: int = 0
 
 
 class Done(NamedTuple):
@@ -130,6 +132,9 @@ class Sender(threading.Thread):
         )
         self._waiting: deque[Item] = deque()
         """Queued calls in order, the oldest waiting for its GPU values to arrive."""
+        self.released_bytes = 0
+        """Host copies ``log()`` made (``Call.copied``) that this thread reduced and let go:
+        written here only; the producer compares it with the bytes it copied."""
         self._connected = self._ever_connected = self._refused = False
         self._next_gpu_sample = 0.0
         self._step: tuple[int, float] | None = None
@@ -376,26 +381,32 @@ class Sender(threading.Thread):
             f"a log() call's GPU values could not be read ({exc!r}); that call is dropped",
         )
 
-    def _sketch(self, payload: dict) -> None:
-        """Sketch the distribution samples ``log()`` copied (``producer.sketch.Samples``)."""
+    def _reduce_copies(self, payload: dict, copied: int) -> None:
+        """Reduce (and sketch) the host samples ``log()`` copied
+        (``rlpulse.producer.reduce.Snapshot``), and release their ``copied`` bytes."""
         for name, value in payload.items():
-            if type(value) is Samples:
+            if isinstance(value, Snapshot):
                 try:
                     payload[name] = value.reduce()
                 except Exception as exc:  # counted; the call's other values still go
                     payload[name] = INVALID
                     self.counters.invalid += 1
-                    self.warn_once(f"sketch:{name}", f"{name}: cannot sketch it ({exc!r})")
+                    self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({exc!r})")
+                # Let a training thread waiting for the GIL in: it would otherwise wait up
+                # to the interpreter's switch interval (5 ms) behind this loop.
+                time.sleep(0)
+        self.released_bytes += copied
 
     def _encode(self, call: Call) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is
         left to send of it (dropped and counted, if it was too large)."""
-        step, t, payload, waits, _ = call
+        step, t, payload, waits, _, copied = call
         if self._step is None or step >= self._step[0]:
             self._step = (step, t)
         encoded = None
         if payload is not None:
-            self._sketch(payload)
+            if copied:
+                self._reduce_copies(payload, copied)
             try:
                 entry = self.encoder.entry(step, t, payload)
                 if entry is not None:

@@ -13,6 +13,7 @@ the finite samples, encoded (``(Summary, nonfinite, sketch_bytes)``). GPU tensor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,11 +22,13 @@ import numpy as np
 from rlpulse.producer.reduce import (
     InvalidValue,
     Reduced,
+    Snapshot,
     _is_tensor,
     _numpy,
     _numpy_view,
     reduce_value,
     selected,
+    snapshot_value as snapshot,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
 from rlpulse.schemas.catalog import Catalog
@@ -50,35 +53,39 @@ def _samples(values: Any, mask: Any | None) -> np.ndarray:
     return selected(values, mask)
 
 
-class Samples:
+class Samples(Snapshot):
     """A distribution value's samples, copied in ``log()`` and sketched later, by the
     sender thread (:meth:`reduce`): sketching costs about 60 µs per 1,000 samples on a CPU,
     too much for the training thread; a copy costs a few. The caller may change its arrays
     right after ``log()``: the copy is what is sketched."""
 
-    __slots__ = ("samples",)
-
-    def __init__(self, samples: np.ndarray) -> None:
-        self.samples = samples
+    __slots__ = ()
 
     def reduce(self) -> Reduced | Sketched:
-        """The exact state and the encoded sketch of the finite samples."""
-        return _sketched(self.samples)
+        """The exact state and the encoded sketch of the finite selected samples."""
+        return _sketched(selected(self.values, self.mask))
 
 
-def snapshot_value(value: Any) -> Reduced | Samples:
-    """In ``log()``: ``Weighted`` and ``Fraction`` (no samples to sketch: they pool into the
-    mean only) reduced now; samples (a number, an array, a CPU tensor, ``Masked``) selected
-    and copied, to be sketched by the sender thread. Raises :class:`InvalidValue`."""
+def sketch_now(value: Any) -> Reduced | Sketched:
+    """Reduce and sketch one value of a distribution metric at once: ``Weighted`` and
+    ``Fraction`` (no samples to sketch: they pool into the mean only) reduced; samples (a
+    number, a list, an array, a tensor, ``Masked``) sketched. Raises :class:`InvalidValue`."""
     if isinstance(value, (Weighted, Fraction)):
         return reduce_value(value)
     values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise InvalidValue(f"cannot log a {type(values).__name__} as a metric")
-    arr = _samples(values, mask)
-    if mask is None:
-        arr = arr.copy()  # may be a view of the caller's memory (a mask's selection is new)
-    return Samples(arr)
+    return _sketched(_samples(values, mask))
+
+
+def snapshot_value(
+    value: Any, masks: dict[int, np.ndarray] | None = None, room: float = math.inf
+) -> Reduced | Sketched | Samples:
+    """In ``log()``: host samples copied (:class:`Samples`, sketched by the sender thread)
+    when their copies fit in ``room`` bytes; anything else (``Weighted``, ``Fraction``, lists,
+    tensors numpy cannot view) reduced and sketched now (:func:`sketch_now`). Raises
+    :class:`InvalidValue`."""
+    return snapshot(value, masks, room, cls=Samples, least=1, now=sketch_now)
 
 
 def sketch_value(value: Any) -> Reduced | Sketched:

@@ -1,0 +1,112 @@
+"""Host arrays of at least ``COPY_MIN`` samples are copied in ``log()`` and reduced by the
+sender thread: the caller pays for a copy, the result stays exact, a change to the caller's
+arrays right after ``log()`` changes nothing logged, and the copies held are bounded by
+``snapshot_limit_bytes`` (beyond it ``log()`` reduces at once, exactly as well)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from rlpulse.producer import Masked, Producer
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.reduce import COPY_MIN, InvalidValue, Snapshot, reduce_value, snapshot_value
+from rlpulse.producer.sender import Sender
+from rlpulse.schemas import metrics as M
+from tests.producer.conftest import entries, has_bye
+
+ADV, LEN = M.CRITIC_ADVANTAGES.name, "bench/tokens"
+
+
+def exact(values: np.ndarray, mask: np.ndarray | None = None) -> list[float]:
+    """sum, weight, min, max of the selected samples, in float64."""
+    x = values.astype(np.float64).ravel()
+    if mask is not None:
+        x = x[mask.ravel()]
+    return [float(x.sum()), float(x.size), float(x.min()), float(x.max())]
+
+
+@pytest.fixture
+def held_sender(monkeypatch):
+    """The sender reduces nothing until ``release`` is set: what it reduces then is what
+    ``log()`` kept, whatever the caller did to its arrays meanwhile."""
+    release = threading.Event()
+    original = Sender._reduce_copies
+
+    def waiting(self, payload, copied):
+        release.wait(10)
+        return original(self, payload, copied)
+
+    monkeypatch.setattr(Sender, "_reduce_copies", waiting)
+    return release
+
+
+def test_arrays_are_copied_in_log_and_reduced_by_the_sender_exactly(inbox, held_sender) -> None:
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, 4096).astype(np.float32)
+    t = torch.from_numpy(rng.normal(0, 1, 4096))
+    mask = torch.from_numpy(rng.random(4096) < 0.8)
+    want_x, want_t = exact(x), exact(t.numpy(), mask.numpy())
+    p.log({ADV: x, LEN: Masked(t, mask)}, step=0)
+    x[:] = 1e6  # the caller reuses its buffers at once, before the sender reduces anything
+    t.fill_(-1e6)
+    mask.fill_(False)
+    held_sender.set()
+    p.close()
+    (entry,) = entries(inbox.receive(until=has_bye))
+    got = dict(zip(entry.names, entry.values.tolist(), strict=True))
+    assert got[LEN] == pytest.approx(want_t, rel=1e-12)
+    # advantages is a distribution: the same exact state, and its sketch (test_sketch.py)
+    assert got[ADV] == pytest.approx(want_x, rel=1e-6)
+    assert p.stats()["invalid"] == 0
+
+
+def test_a_shared_mask_is_copied_once_per_call() -> None:
+    mask = np.random.default_rng(0).random(1024) < 0.5
+    masks: dict[int, np.ndarray] = {}
+    a = snapshot_value(Masked(np.ones(1024), mask), masks)
+    b = snapshot_value(Masked(np.zeros(1024), mask), masks)
+    assert isinstance(a, Snapshot) and isinstance(b, Snapshot)
+    assert a.mask is b.mask and not np.shares_memory(a.mask, mask)
+    assert a.reduce() == reduce_value(Masked(np.ones(1024), mask))
+
+
+def test_small_arrays_and_what_does_not_fit_are_reduced_at_once() -> None:
+    small = np.arange(COPY_MIN - 1, dtype=np.float64)
+    assert snapshot_value(small) == reduce_value(small)
+    big = np.arange(COPY_MIN, dtype=np.float64)
+    assert isinstance(snapshot_value(big), Snapshot)
+    assert snapshot_value(big, room=big.nbytes - 1) == reduce_value(big)
+    with pytest.raises(InvalidValue, match="mask has 3 elements"):
+        snapshot_value(Masked(big, np.ones(3, dtype=bool)))
+
+
+def test_copies_held_are_bounded_and_released(inbox, held_sender) -> None:
+    """With room for one array's copy, the next call's array is reduced in the caller; once
+    the sender has reduced the copies their bytes are released; every value is exact."""
+    x = np.random.default_rng(5).normal(0, 1, 1024)
+    config = ProducerConfig(gpu_sample_s=0, snapshot_limit_bytes=x.nbytes)
+    p = Producer(inbox.address, run="r", role="a", config=config)
+    p.log({LEN: x}, step=0)
+    p.log({LEN: x * 2}, step=1)
+    assert p._copied == x.nbytes  # the first call's copy; the second reduced in the caller
+    assert p._sender.released_bytes == 0  # the held sender has reduced nothing yet
+    held_sender.set()
+    p.flush()
+    assert p._sender.released_bytes == p._copied == x.nbytes
+    p.close()
+    got = {e.step: e.values[0].tolist() for e in entries(inbox.receive(until=has_bye))}
+    assert got[0] == pytest.approx(exact(x)) and got[1] == pytest.approx(exact(x * 2))
+
+
+def test_a_bad_mask_is_counted_and_the_call_goes_on(inbox) -> None:
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    x = np.ones(512)
+    p.log({LEN: Masked(x, np.ones(3, dtype=bool)), "ok": 1.0}, step=0)
+    p.close()
+    (entry,) = entries(inbox.receive(until=has_bye))
+    assert entry.names == ("ok",) and p.stats()["invalid"] == 1
