@@ -34,7 +34,7 @@ from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
-from rlpulse.producer.reduce import InvalidValue, Snapshot, snapshot_value
+from rlpulse.producer.reduce import Buffers, InvalidValue, Snapshot, snapshot_value
 from rlpulse.producer.sender import Call, Done, Flush, Item, Sender
 from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
 from rlpulse.producer.stats import Counters, combine
@@ -157,6 +157,7 @@ class Producer:
         """Bytes of host samples ``log()`` copied for the sender (its ``released_bytes``
         says how many it has reduced and let go)."""
         self._copy_limit = config.snapshot_limit_bytes
+        self._buffers = Buffers()
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
@@ -168,6 +169,7 @@ class Producer:
             stats=self.stats,
             warn_once=self._warn_once,
             nvml=nvml if nvml is not None else NvmlSampler(role),
+            buffers=self._buffers,
         )
         self._sender.start()
         ref = weakref.ref(self)
@@ -246,9 +248,9 @@ class Producer:
                         masks = {}
                         room = self._copy_limit - (self._copied - self._sender.released_bytes)
                     snap = (
-                        snapshot_dist(value, masks, room)
+                        snapshot_dist(value, masks, room, self._buffers)
                         if name in self._dists
-                        else snapshot_value(value, masks, room)
+                        else snapshot_value(value, masks, room, buffers=self._buffers)
                     )
                     if isinstance(snap, Snapshot):
                         copied += snap.nbytes

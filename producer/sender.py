@@ -22,14 +22,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.deferred import Pending
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.reduce import Snapshot
+from rlpulse.producer.reduce import Buffers, Snapshot
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -109,6 +109,7 @@ class Sender(threading.Thread):
         stats: Callable[[], dict[str, int]],
         warn_once: Callable[[str, str], None],
         nvml: NvmlSampler | None = None,
+        buffers: Buffers | None = None,
     ) -> None:
         ident = registration.identity
         super().__init__(name=f"rlpulse-sender-{ident.role}-{ident.rank}", daemon=True)
@@ -123,6 +124,8 @@ class Sender(threading.Thread):
         self.stats = stats
         self.warn_once = warn_once
         self.nvml = nvml
+        self.buffers = buffers
+        """Where the host copies' arrays go back once reduced (``log()`` reuses them)."""
         self._stopping = threading.Event()
         self._close_timeout_s = config.close_timeout_s
         self.outbox = Outbox(
@@ -384,6 +387,7 @@ class Sender(threading.Thread):
     def _reduce_copies(self, payload: dict, copied: int) -> None:
         """Reduce (and sketch) the host samples ``log()`` copied
         (``rlpulse.producer.reduce.Snapshot``), and release their ``copied`` bytes."""
+        masks: dict[int, Any] = {}
         for name, value in payload.items():
             if isinstance(value, Snapshot):
                 try:
@@ -392,9 +396,15 @@ class Sender(threading.Thread):
                     payload[name] = INVALID
                     self.counters.invalid += 1
                     self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({exc!r})")
+                if self.buffers is not None:
+                    self.buffers.give(value.values)
+                    if value.mask is not None:  # shared by the call's values: given once
+                        masks[id(value.mask)] = value.mask
                 # Let a training thread waiting for the GIL in: it would otherwise wait up
                 # to the interpreter's switch interval (5 ms) behind this loop.
                 time.sleep(0)
+        for mask in masks.values():
+            self.buffers.give(mask)  # type: ignore[union-attr]
         self.released_bytes += copied
 
     def _encode(self, call: Call) -> tuple[tuple, int] | None:

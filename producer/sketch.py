@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rlpulse.producer.reduce import (
+    Buffers,
     InvalidValue,
     Reduced,
     Snapshot,
@@ -79,13 +80,16 @@ def sketch_now(value: Any) -> Reduced | Sketched:
 
 
 def snapshot_value(
-    value: Any, masks: dict[int, np.ndarray] | None = None, room: float = math.inf
+    value: Any,
+    masks: dict[int, np.ndarray] | None = None,
+    room: float = math.inf,
+    buffers: Buffers | None = None,
 ) -> Reduced | Sketched | Samples:
     """In ``log()``: host samples copied (:class:`Samples`, sketched by the sender thread)
     when their copies fit in ``room`` bytes; anything else (``Weighted``, ``Fraction``, lists,
     tensors numpy cannot view) reduced and sketched now (:func:`sketch_now`). Raises
     :class:`InvalidValue`."""
-    return snapshot(value, masks, room, cls=Samples, least=1, now=sketch_now)
+    return snapshot(value, masks, room, buffers=buffers, cls=Samples, least=1, now=sketch_now)
 
 
 def sketch_value(value: Any) -> Reduced | Sketched:

@@ -20,10 +20,14 @@ verl builds ``Tracking`` in ``fit()``, after its workers: so that the collector 
 driver instead of emitting the workers' steps without it, :func:`register` also declares it
 for every producer :func:`worker_producer` makes in the job (``RLPULSE_EXPECTED_ROLES``).
 
-Metrics that verl reduces approximately (a mean over data-parallel ranks of each rank's
-micro-batch means) become exact when each worker logs its own part: :func:`worker_producer`
-gives a verl worker its producer, and ``rlpulse.trainer.rlpulse.worker_side`` names those metrics so
-the driver leaves its approximation out.
+The same hook makes verl's loss metrics exact (:mod:`rlpulse.producer.integrations.verl_loss`):
+it wraps verl's loss functions before the workers bind them, so every actor and critic worker
+logs each training micro-batch's ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
+``critic/vf_loss``, ``critic/vf_clipfrac``... as mergeable states, for the driver's step, and
+the driver leaves its own approximations of those names out (a mean over data-parallel ranks of
+each rank's micro-batch means). ``RLPULSE_VERL_EXACT=0`` in the job's environment turns that
+off. For metrics of your own, :func:`worker_producer` gives a verl worker its producer, and
+``rlpulse.trainer.rlpulse.worker_side`` names them so the driver leaves its approximation out.
 
 >>> from rlpulse.producer.integrations import verl as rlpulse_verl
 >>> # rlpulse_verl.register(); Tracking("proj", "run-1", ["console", "rlpulse"], config=cfg)
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -42,6 +47,14 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
+from rlpulse.producer.integrations.verl_loss import (
+    META_KEY,
+    REDUCTIONS,
+    STEP_KEY,
+    LossHook,
+    check,
+    exact_names,
+)
 from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.integrations.verl")
@@ -52,6 +65,9 @@ SECTION = "rlpulse.trainer.rlpulse"
 """Where verl's config holds this backend's settings."""
 RUN_VAR = "RLPULSE_RUN"
 """The run name a worker's producer logs under (set it to ``rlpulse.trainer.experiment_name``)."""
+EXACT_VAR = "RLPULSE_VERL_EXACT"
+"""``0`` (or ``false``): :func:`register` leaves verl's loss functions alone; the driver then
+sends verl's own values of its loss metrics."""
 DRIVER_DECLARED = "driver=1"
 """What :func:`register` puts in ``RLPULSE_EXPECTED_ROLES`` when it is unset: the run has a
 ``driver`` (the ``Tracking`` backend's default role) of world size 1."""
@@ -69,7 +85,7 @@ class VerlSettings:
       (``{actor_train: 8}``); the collector then waits for them at every step.
     * ``worker_side``: metrics the workers log exactly; the driver leaves its own value of
       them out (a catalog family such as ``critic/advantages`` covers its ``/mean``, ``/max``,
-      ``/min``).
+      ``/min``). The loss metrics the setup hook makes exact are added by themselves.
     * ``config_dir``: where verl's resolved config is saved as ``config.yaml``, with ``{run}``
       filled in (default ``runs/{run}``, relative to the driver's working directory; null: not
       saved).
@@ -181,7 +197,10 @@ class RlpulseBackend:
             expected_roles={**settings.expected_roles, settings.role: 1},
             config=settings.producer,
         )
-        self.stream = DriverStream(self.producer, worker_side=settings.worker_side)
+        worker_side = settings.worker_side
+        if _LOSS_HOOK is not None and workers_hooked():  # they log these exactly (verl_loss)
+            worker_side += exact_names(dict(config or {}))
+        self.stream = DriverStream(self.producer, worker_side=worker_side)
         self.project_name = project_name
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
@@ -213,10 +232,21 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
     which registers only when ``fit()`` builds ``Tracking``, instead of emitting the workers'
     steps without it and dropping the driver's as late. (With ``rlpulse.trainer.rlpulse.role`` set,
     set ``RLPULSE_EXPECTED_ROLES`` to that role, ``=1``, in the job's ``env_vars``.)
+
+    Unless ``RLPULSE_VERL_EXACT=0``, it also installs the exact loss hook
+    (:mod:`~rlpulse.producer.integrations.verl_loss`) in this process, before verl's workers
+    bind their loss functions; on a verl version the hook does not fit it raises ConfigError
+    naming the version (so the Ray job stops at start-up).
     """
     from verl.utils.tracking import Tracking
 
+    global _LOSS_HOOK
     environ.setdefault(EXPECTED_ROLES_VAR, DRIVER_DECLARED)
+    if _LOSS_HOOK is None and environ.get(EXACT_VAR, "1").strip().lower() not in ("0", "false"):
+        check()
+        hook = LossHook(producer_for=_hook_producer, batch_meta=batch_meta)
+        hook.install()
+        _LOSS_HOOK = hook
     if _MARK in vars(Tracking):
         return
     original_init, original_finish = Tracking.__init__, Tracking.finish
@@ -254,12 +284,65 @@ def unregister() -> None:
     """Undo :func:`register` (tests; a process that wants verl's class as shipped)."""
     from verl.utils.tracking import Tracking
 
+    global _LOSS_HOOK
+    if _LOSS_HOOK is not None:
+        _LOSS_HOOK.uninstall()
+        _LOSS_HOOK = None
     originals = vars(Tracking).get(_MARK)
     if originals is None:
         return
     Tracking.__init__, Tracking.finish = originals  # type: ignore[method-assign]
     Tracking.supported_backend = [b for b in Tracking.supported_backend if b != BACKEND]
     delattr(Tracking, _MARK)
+
+
+_LOSS_HOOK: LossHook | None = None
+"""The exact loss hook :func:`register` installed in this process, if any."""
+
+
+SETUP_HOOK = f"{__name__}.register"
+"""What Ray's ``worker_process_setup_hook`` names to run :func:`register` in every process."""
+
+
+def workers_hooked() -> bool:
+    """Whether this Ray job runs :func:`register` in its workers too (its runtime environment's
+    ``worker_process_setup_hook``, without ``RLPULSE_VERL_EXACT=0``): only then does the driver
+    leave out its own values of the loss metrics the hooked workers log."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    env = ray.get_runtime_context().runtime_env or {}
+    hook = env.get("worker_process_setup_hook")
+    exact = (env.get("env_vars") or {}).get(EXACT_VAR, "1").strip().lower()
+    return hook in (SETUP_HOOK, register) and exact not in ("0", "false")
+
+
+def batch_meta(trainer: Any) -> dict[str, Any]:
+    """What verl's driver (``trainer``, its ``RayPPOTrainer``) adds to the batch of an actor or
+    critic update for the hooked workers: the step, the run and the collector's address, when
+    the ``rlpulse`` backend is one of ``trainer.logger`` (else only that it is not: the workers
+    then log nothing)."""
+    from omegaconf import OmegaConf
+
+    config = trainer.config
+    logger = config.trainer.logger
+    if BACKEND not in ([logger] if isinstance(logger, str) else list(logger or ())):
+        return {META_KEY: {"step": None}}
+    section = config.trainer.get("rlpulse")
+    if OmegaConf.is_config(section):
+        section = OmegaConf.to_container(section, resolve=True)
+    settings = VerlSettings.from_config(
+        {"trainer": {"rlpulse": section}}, config.trainer.experiment_name
+    )
+    step = int(trainer.global_steps)
+    return {
+        STEP_KEY: step,
+        META_KEY: {"step": step, "run": settings.run, "address": settings.address},
+    }
+
+
+def _hook_producer(role: str, run: str | None, address: str | None) -> Producer:
+    return worker_producer(role, run=run, address=address, reductions=REDUCTIONS)
 
 
 _WORKER_PRODUCERS: dict[tuple[str, str, int, int], Producer] = {}
@@ -269,6 +352,8 @@ _WORKER_PRODUCERS: dict[tuple[str, str, int, int], Producer] = {}
 def worker_producer(
     role: str,
     *,
+    run: str | None = None,
+    address: str | None = None,
     reductions: Mapping[str, str] | None = None,
     environ: Mapping[str, str] = os.environ,
     producer_factory: Callable[..., Producer] = Producer,
@@ -281,11 +366,13 @@ def worker_producer(
     ``RLPULSE_ADDRESS`` (pass both through ``ray_kwargs.ray_init.runtime_env.env_vars``); the
     roles it declares from ``RLPULSE_EXPECTED_ROLES`` (``driver=1`` after :func:`register`).
     ``reductions`` declares names outside the catalog (``{"actor/pg_clipfrac": "fraction"}``).
+    ``run`` and ``address``, when given, override ``RLPULSE_RUN`` and ``RLPULSE_ADDRESS`` (the
+    loss hook passes the driver's, which travel with the batch).
 
     >>> # p = worker_producer("actor_train", reductions={"actor/pg_clipfrac": "fraction"})
     >>> # p.log({"actor/pg_clipfrac": Fraction(clipped, tokens)}, step=global_steps)
     """
-    run = environ.get(RUN_VAR)
+    run = run or environ.get(RUN_VAR)
     if not run:
         raise ConfigError(RUN_VAR, "must name the run (the driver's trainer.experiment_name)")
     try:
@@ -298,7 +385,7 @@ def worker_producer(
     producer = _WORKER_PRODUCERS.get(key)
     if producer is None:
         producer = _WORKER_PRODUCERS[key] = producer_factory(
-            None,
+            address,
             run=run,
             role=role,
             rank=rank,

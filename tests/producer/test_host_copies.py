@@ -13,7 +13,15 @@ import torch
 
 from rlpulse.producer import Masked, Producer
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.reduce import COPY_MIN, InvalidValue, Snapshot, reduce_value, snapshot_value
+from rlpulse.producer.reduce import (
+    COPY_MIN,
+    POOL_IDLE_BYTES,
+    Buffers,
+    InvalidValue,
+    Snapshot,
+    reduce_value,
+    snapshot_value,
+)
 from rlpulse.producer.sender import Sender
 from rlpulse.schemas import metrics as M
 from tests.producer.conftest import entries, has_bye
@@ -110,3 +118,40 @@ def test_a_bad_mask_is_counted_and_the_call_goes_on(inbox) -> None:
     p.close()
     (entry,) = entries(inbox.receive(until=has_bye))
     assert entry.names == ("ok",) and p.stats()["invalid"] == 1
+
+
+def test_buffers_are_reused_bounded_and_never_handed_out_twice() -> None:
+    pool = Buffers()
+    x = np.arange(1024, dtype=np.float32)
+    a = pool.take(x)
+    assert np.array_equal(a, x) and not np.shares_memory(a, x)
+    pool.give(a)
+    b = pool.take(x * 2)
+    assert b is a and np.array_equal(b, x * 2)  # reused, holding the new copy
+    c = pool.take(x)
+    assert c is not b  # the only idle one was taken: a fresh one
+    big = np.zeros(POOL_IDLE_BYTES // 8 + 1)
+    pool.give(pool.take(big))
+    assert pool.take(big) is not None and len(pool._free.get((big.dtype.str, big.size), ())) == 0
+
+
+def test_the_sender_gives_a_shared_mask_back_once(inbox) -> None:
+    """20 values sharing one mask: the mask's buffer goes back to the pool once, so two
+    later calls never copy into the same array."""
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    mask = np.random.default_rng(1).random(512) < 0.5
+    values = [np.random.default_rng(i).normal(0, 1, 512) for i in range(20)]
+    for step in range(3):
+        p.log({f"v/{i}": Masked(v + step, mask) for i, v in enumerate(values)}, step=step)
+        p.flush()
+    free = p._buffers._free[(mask.dtype.str, mask.size)]
+    assert len({id(b) for b in free}) == len(free) == 1
+    p.close()
+    got = {
+        (e.step, n): row
+        for e in entries(inbox.receive(until=has_bye))
+        for n, row in zip(e.names, e.values.tolist(), strict=True)
+    }
+    for step in range(3):
+        for i, v in enumerate(values):
+            assert got[(step, f"v/{i}")] == pytest.approx(exact(v + step, mask))
