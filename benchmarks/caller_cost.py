@@ -142,7 +142,15 @@ class Rlpulse(Contender):
             stderr=(tmp / "collector.log").open("w"),
         )
         self.helper_pids = (self.collector.proc.pid,)
-        self.producer = Producer(self.collector.address, run="bench", role="actor_train")
+        # The topology declared, as the trainer and verl's hook declare it: the collector
+        # emits steps at once instead of waiting settle_s for other roles (meanwhile a
+        # producer logging every millisecond fills max_open_steps and is held back).
+        self.producer = Producer(
+            self.collector.address,
+            run="bench",
+            role="actor_train",
+            expected_roles={"actor_train": 1},
+        )
 
     def log(self, i: int, workload: str) -> None:
         if workload == "scalars60":

@@ -293,11 +293,13 @@ class Aggregator:
         return prod.watermark < min(steps)  # type: ignore[union-attr]
 
     def has_room(self, pid: int) -> bool:
-        """Producer ``pid``, held back, may go on: its run holds fewer than
-        ``max_open_steps`` open steps, or it now owes the oldest of them."""
+        """Producer ``pid``, held back, may go on: half its run's ``max_open_steps`` window
+        is free again, or it now owes the oldest open step. (Woken at the first free step,
+        a producer far ahead resent everything it held for one step's room, and was held
+        again: a storm of resends, many times its data, while the others caught up.)"""
         prod = self.membership.producers.get(pid)
         run = self.steps.get(prod.run) if prod is not None else None
-        if run is None or len(run.steps) < self.config.max_open_steps:
+        if run is None or len(run.steps) <= self.config.max_open_steps // 2:
             return True
         return prod.watermark < min(run.steps)  # type: ignore[union-attr]
 
