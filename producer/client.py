@@ -35,7 +35,7 @@ from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import Buffers, InvalidValue, Snapshot, snapshot_value
-from rlpulse.producer.sender import Call, Done, Flush, Item, Sender
+from rlpulse.producer.sender import Call, Done, Flush, Item, Sender, Wake
 from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.schemas.catalog import Catalog
@@ -130,7 +130,7 @@ class Producer:
         self.config = config
         self.logs = logs
         self._queue: deque[Item] = deque()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._closed = False
         self._close_lock = threading.Lock()
         self._warned: set[str] = set()
