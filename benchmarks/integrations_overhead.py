@@ -12,7 +12,18 @@ noisy, so the hook's own cost per micro-batch is also timed in process (``hook_c
 
     .venv-integrations/bin/python -m benchmarks.integrations_overhead --steps 8 --rounds 2
 
-Writes ``benchmarks/results/integrations_overhead.json``. verl is not measured here yet.
+Writes ``benchmarks/results/integrations_overhead.json``.
+
+``--framework verl`` measures verl the same way: verl's own actor and critic updates on two
+data-parallel ranks through ``run_ppo`` on Ray (``tests/integrations/verl_loss_job.py``: verl's
+``_update_actor``/``_update_critic``, ``ppo_loss``/``value_loss`` on verl's micro-batches; the
+model's outputs given, as verl has no CPU engine), with no setup hook (``off``), with the
+hook and ``RLPULSE_VERL_EXACT=0`` (verl's values only, ``driver``) and with the hook (``on``).
+The step time is the driver's wall time of the two updates; ``hook_cost`` times verl's loss
+functions on one micro-batch with and without the hook. Writes
+``benchmarks/results/integrations_overhead_verl.json`` (same fields; ``verl`` for ``trl``)::
+
+    .venv-integrations/bin/python -m benchmarks.integrations_overhead --framework verl --steps 8
 """
 
 from __future__ import annotations
@@ -145,11 +156,127 @@ def hook_cost(address: str, calls: int = 3000) -> dict[str, float]:
     return {**timings, "added_us": timings["hooked"] - timings["plain"]}
 
 
+VERL_MODES = {
+    "off": ["trainer.logger=[console]"],
+    "driver": [
+        "trainer.logger=[console,rlpulse]",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.RLPULSE_VERL_EXACT='0'",
+    ],
+    "on": ["trainer.logger=[console,rlpulse]"],
+}
+"""No setup hook; the hook with verl's values only; the hook (the README's command)."""
+
+
+def verl_hook_cost(address: str, calls: int = 300) -> dict[str, float]:
+    """Microseconds per actor and critic micro-batch that the hook adds to verl's
+    ``ppo_loss`` + ``value_loss`` (hooked minus plain), with a real producer."""
+    import time
+    from functools import partial
+
+    from hydra import compose, initialize_config_module
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils import losses
+
+    from rlpulse.producer.client import Producer
+    from rlpulse.producer.integrations.verl_loss import REDUCTIONS, LossHook
+    from tests.integrations.verl_loss_job import (
+        OVERRIDES,
+        critic_config,
+        local_micro_batches,
+        make_batch,
+        model_output,
+    )
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        config = compose("ppo_trainer", overrides=OVERRIDES)
+    actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    micro = local_micro_batches(make_batch(1), step=1)[0]
+    outputs = (
+        {"log_probs": model_output(micro["new_log_probs"], micro)},
+        {"values": model_output(micro["vpreds"], micro)},
+    )
+    run = f"bench-verl-hook-{os.getpid()}"
+    producers = {
+        role: Producer(address, run=run, role=role, reductions=REDUCTIONS)
+        for role in ("actor", "critic")
+    }
+    hook = LossHook(lambda role, run, address: producers[role], lambda trainer: None)
+    timings = {}
+    try:
+        for label in ("plain", "hooked"):
+            if label == "hooked":
+                hook.install()
+            actor = partial(losses.ppo_loss, config=actor_config)
+            critic = partial(losses.value_loss, config=critic_config(config))
+            start = time.perf_counter()
+            for _ in range(calls):
+                actor(model_output=outputs[0], data=micro, dp_group=None)
+                critic(model_output=outputs[1], data=micro, dp_group=None)
+            timings[label] = (time.perf_counter() - start) / calls * 1e6
+    finally:
+        hook.uninstall()
+        for producer in producers.values():
+            producer.close()
+    return {**timings, "added_us": timings["hooked"] - timings["plain"]}
+
+
+def verl_main(args: argparse.Namespace) -> dict[str, Any]:
+    from rlpulse.collector.launch import start_collector
+    from tests.integrations.verl_loss_job import EXACT, SETUP_HOOK, run_job
+
+    work = Path(tempfile.mkdtemp(prefix="rlpulse-integrations-verl-"))
+    jsonl = work / "metrics.jsonl"
+    config = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(jsonl)}}}
+    log = (work / "collector.log").open("w")
+    collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
+    times: dict[str, list[float]] = {mode: [] for mode in VERL_MODES}
+    exact: dict[str, Any] = {}
+    try:
+        for round_ in range(args.rounds):
+            for mode, overrides in VERL_MODES.items():
+                hook = [] if mode == "off" else [SETUP_HOOK]
+                run = f"bench-verl-{mode}-{round_}"
+                result = run_job(work, run, args.steps, [*overrides, *hook], collector.address)
+                times[mode].append(median(result["step_s"][1:]))  # after the first step
+                if mode == "on":
+                    exact = result
+        cost = verl_hook_cost(collector.address)
+    finally:
+        collector.stop()
+        log.close()
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    collected = {r["step"]: r for r in lines if r["run"] == f"bench-verl-on-{args.rounds - 1}"}
+    out: dict[str, dict[str, float]] = {n: {"verl": 0.0, "rlpulse": 0.0} for n in EXACT}
+    for step, truth in exact["truth"].items():
+        for name in EXACT:
+            verl_value = exact["verl"][step][name]
+            mine = collected[int(step)]["metrics"][name]
+            out[name]["verl"] = max(out[name]["verl"], abs(verl_value - truth[name]))
+            out[name]["rlpulse"] = max(out[name]["rlpulse"], abs(mine - truth[name]))
+    medians = {mode: median(runs) for mode, runs in times.items()}
+    result = {
+        "framework": "verl",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "step_time_s": {**medians, "runs": times},
+        "overhead": {mode: medians[mode] / medians["off"] - 1.0 for mode in list(VERL_MODES)[1:]},
+        "hook_us_per_micro_batch": cost,
+        "max_abs_difference_from_truth": out,
+    }
+    path = write_json("integrations_overhead_verl", result)
+    print(json.dumps(result, indent=1))
+    print(f"written to {path}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--framework", choices=("trl", "verl"), default="trl")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.framework == "verl":
+        return verl_main(args)
     from rlpulse.collector.launch import start_collector
 
     work = Path(tempfile.mkdtemp(prefix="rlpulse-integrations-"))

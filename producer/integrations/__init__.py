@@ -2,9 +2,11 @@
 
 Importing this package imports neither framework; each module imports its own only when used:
 
-* :mod:`rlpulse.producer.integrations.verl`: ``register()`` adds an ``rlpulse`` backend to verl's
-  ``Tracking`` (``rlpulse.trainer.logger=['console','rlpulse']``); ``worker_producer()`` for metrics
-  logged exactly from inside verl's workers.
+* :mod:`rlpulse.producer.integrations.verl`: ``register()`` (Ray's setup hook) adds an
+  ``rlpulse`` backend to verl's ``Tracking`` (``trainer.logger=['console','rlpulse']``) and
+  makes verl's loss metrics exact: its actor and critic workers log them per micro-batch
+  (:mod:`rlpulse.producer.integrations.verl_loss`); ``worker_producer()`` for metrics of
+  your own logged exactly from inside verl's workers.
 * :mod:`rlpulse.producer.integrations.trl`: ``RlpulseCallback``, a ``TrainerCallback`` for TRL's
   trainers (``GRPOTrainer`` and the rest of the ``transformers.Trainer`` family); for
   ``GRPOTrainer`` and ``RLOOTrainer`` it also logs their loss metrics exactly, per

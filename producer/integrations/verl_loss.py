@@ -26,13 +26,15 @@ verl's names, for the driver's ``global_steps``:
 
 No collective, no copy to the host, no ``.item()``: the states are tensors the producer reduces
 later. The step and the run travel with the batch: the driver's ``_update_actor`` and
-``_update_critic`` put ``global_steps`` (and the run) into the batch's meta data, which verl
-hands to every micro-batch. Which functions are wrapped and what they compute is verl's code, so
-the hook is pinned to the verl versions it was tested with (:data:`TESTED_VERL`) and checks the
-signatures it wraps; elsewhere :func:`check` fails naming the version. ``actor/entropy`` needs no
-hook: verl 0.9's driver computes it over the whole batch.
+``_update_critic`` put them into the batch's meta data (``rlpulse``, and ``global_steps``),
+which verl hands to every micro-batch. The functions are wrapped as their modules are imported
+(:class:`OnImport`), so a Ray process that never trains pays no import. Which functions are
+wrapped and what they compute is verl's code, so the hook is pinned to the verl versions it was
+tested with (:data:`TESTED_VERL`, :func:`check`) and checks the signatures it wraps
+(:func:`check_losses`, :func:`check_trainer`), failing with ConfigError naming the version.
+``actor/entropy`` needs no hook: verl 0.9's driver computes it over the whole batch.
 
->>> # hook = LossHook(); hook.install() ... hook.uninstall()
+>>> # hook = LossHook(producer_for, batch_meta); hook.install() ... hook.uninstall()
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import wraps
 from types import ModuleType
@@ -709,14 +710,3 @@ class _ThenLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename... (tracebacks)
         return getattr(self.loader, name)
-
-
-@contextmanager
-def scope(role: str, step: int, run: str | None = None) -> Iterator[None]:
-    """Log the hooked functions' states under ``role`` and ``step`` inside this block (tests,
-    and code that calls verl's loss functions outside its workers)."""
-    token = _SCOPE.set(Scope(role, step, run, None))
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
