@@ -1,12 +1,13 @@
-"""``prometheus_client`` glue for the Prometheus sink: metric families built from plain values,
-the running totals that Prometheus wants as histograms and counters (:class:`Totals`), and the
-collector's own process metrics read at most once a second."""
+"""``prometheus_client`` glue for the Prometheus sink: metric families built from plain values
+(the collector's health snapshot among them), the running totals that Prometheus wants as
+histograms and counters (:class:`Totals`), the collector's own process metrics read at most
+once a second, and the text of /metrics kept between scrapes part by part (:class:`TextCache`)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from rlpulse.collector.health import MALFORMED, PRODUCER_DROPPED, SINK_METRICS, Health
 from rlpulse.collector.promnames import prom_metric
 from rlpulse.schemas import metrics as M
+from rlpulse.schemas.errors import REJECT_REASONS
 from rlpulse.schemas.histogram import INF, Histogram
 from rlpulse.schemas.reductions import Stat
 
@@ -31,7 +34,11 @@ def number(value: Any) -> float | None:
 
 
 def make_family(
-    name: str, help_: str, kind: str, labels: list[str], samples: list[tuple[list[str], float]]
+    name: str,
+    help_: str,
+    kind: str,
+    labels: Sequence[str],
+    samples: Iterable[tuple[Sequence[str], float]],
 ) -> Metric:
     """A counter or gauge family named ``name`` holding ``samples`` (label values, value)."""
     out: Metric
@@ -42,6 +49,45 @@ def make_family(
     for label_values, value in samples:
         out.add_metric(label_values, value)
     return out
+
+
+FamilyData = tuple[str, str, str, tuple[str, ...], tuple[tuple[tuple[str, ...], float], ...]]
+"""A counter or gauge family as plain data, :func:`make_family`'s arguments: name, help, kind,
+label names, and (label values, value) pairs. Equal data, equal text on /metrics."""
+
+
+def health_data(health: Mapping[str, Any]) -> tuple[FamilyData, ...]:
+    """The collector's health snapshot (``Health.snapshot``) as families; a value that is not
+    a number is left out, and every reject reason is there, at 0 until it occurs.
+
+    >>> [(f[0], f[4]) for f in health_data({"late": 3, "sinks": {"jsonl": {"written": 9}}})
+    ...  if f[4]]  # doctest: +NORMALIZE_WHITESPACE
+    [('rlpulse_collector_late_entries_total', (((), 3.0),)),
+     ('rlpulse_sink_written_total', ((('jsonl',), 9.0),))]
+    """
+    out: list[FamilyData] = []
+    for metric in (*Health.declared(), PRODUCER_DROPPED):
+        value = number(health.get(metric.key))
+        if value is not None:
+            out.append((metric.name, metric.help, metric.kind, (), (((), value),)))
+    malformed = health.get(MALFORMED.key)
+    if isinstance(malformed, Mapping):
+        # Every known reason from the start, at 0 until it occurs: increase() and the
+        # malformed-messages alert need a series before the first reject to see it.
+        counts = dict.fromkeys(REJECT_REASONS, 0.0)
+        counts.update((str(k), v) for k, v in malformed.items() if number(v) is not None)
+        by_reason = tuple(((reason,), float(v)) for reason, v in sorted(counts.items()))
+        out.append((MALFORMED.name, MALFORMED.help, MALFORMED.kind, ("reason",), by_reason))
+    sinks = health.get("sinks")
+    if isinstance(sinks, Mapping):
+        for metric in SINK_METRICS:
+            samples = []
+            for sink_name, stats in sorted(sinks.items()):
+                value = number(stats.get(metric.key)) if isinstance(stats, Mapping) else None
+                if value is not None:
+                    samples.append(((str(sink_name),), value))
+            out.append((metric.name, metric.help, metric.kind, ("sink",), tuple(samples)))
+    return tuple(out)
 
 
 _ERROR_KINDS: dict[str, str] = {
@@ -159,10 +205,83 @@ class ProcessSnapshot:
         self._inner = ProcessCollector(registry=None)
         self._families: list[Metric] = []
         self._read_at = -math.inf
+        self._reads = 0
 
-    def collect(self) -> Iterable[Metric]:
+    def current(self) -> tuple[int, list[Metric]]:
+        """The families and how many reads of /proc made them: a new number, new values."""
         now = time.monotonic()
         if now - self._read_at >= PROCESS_REFRESH_S:
-            self._families = list(self._inner.collect())  # replaced whole: safe for other scrapes
+            # Replaced whole, the list before the number: a scrape on another thread that
+            # sees the new number also sees the new families.
+            self._families = list(self._inner.collect())
+            self._reads += 1
             self._read_at = now
+        return self._reads, self._families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.current()[1]
+
+
+Encoder = Callable[[Any], bytes]
+"""An exposition format: renders what a collector's ``collect()`` returns
+(``prometheus_client.exposition.choose_encoder`` picks one per request)."""
+
+
+class Families:
+    """A collector of fixed families, so that an encoder renders just those."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Sequence[Metric]:
         return self._families
+
+
+class TextCache:
+    """The text of each part of /metrics in each exposition format, rendered again only when
+    the part's key (what its families were built from) changes.
+
+    An encoder renders every family on its own and appends a trailer after the last one
+    (OpenMetrics' ``# EOF``; nothing in the text format), so the parts' texts joined, and the
+    trailer once, are the bytes the encoder makes of all the families at once. Not thread-safe:
+    the caller holds a lock.
+
+    >>> from prometheus_client.exposition import choose_encoder
+    >>> encoder, content_type = choose_encoder("application/openmetrics-text; version=1.0.0")
+    >>> cache = TextCache()
+    >>> part = [make_family("up", "Up.", "gauge", [], [([], 1.0)])]
+    >>> body = cache.join(encoder, content_type, [("a", 1, part), ("b", 1, part)])
+    >>> body.decode().splitlines()  # doctest: +NORMALIZE_WHITESPACE
+    ['# HELP up Up.', '# TYPE up gauge', 'up 1.0',
+     '# HELP up Up.', '# TYPE up gauge', 'up 1.0', '# EOF']
+    """
+
+    MAX_FORMATS = 8
+    """Formats kept (a client picks one with its Accept header); the oldest goes first."""
+
+    def __init__(self) -> None:
+        self._formats: dict[str, tuple[bytes, dict[str, tuple[Hashable, bytes]]]] = {}
+
+    def join(
+        self,
+        encoder: Encoder,
+        content_type: str,
+        parts: Iterable[tuple[str, Hashable, Sequence[Metric]]],
+    ) -> bytes:
+        """The body for ``content_type``: each ``(slot, key, families)`` part's text, rendered
+        by ``encoder`` unless the slot holds it for an equal key already."""
+        cached = self._formats.get(content_type)
+        if cached is None:
+            while len(self._formats) >= self.MAX_FORMATS:
+                del self._formats[next(iter(self._formats))]
+            cached = self._formats[content_type] = (encoder(Families([])), {})
+        trailer, texts = cached
+        out = []
+        for slot, key, families in parts:
+            held = texts.get(slot)
+            if held is None or held[0] != key:
+                text = encoder(Families(families))
+                held = texts[slot] = (key, text[: len(text) - len(trailer)])
+            out.append(held[1])
+        out.append(trailer)
+        return b"".join(out)
