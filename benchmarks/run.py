@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "reduce_cost": ([], 600),
     "serve_load": ([], 300),
     "rl_insight": ([], 300),
+    "sketch_cost": (["--calls", "30"], 300),
 }
 
 

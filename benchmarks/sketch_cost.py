@@ -1,10 +1,11 @@
 """What a distribution metric (``Reduction.DIST``: mean/max/min plus a quantile sketch) costs
 beside a plain mean/max/min family, in ``log()`` and in the collector (issue 26).
 
-* **log(), host**: a float32 array (1k and 1M elements, plain and masked with 80% kept):
-  ``reduce_value`` (mean/max/min, in the caller) against, for a distribution, what the
-  caller does (``snapshot_value``: select and copy the samples) and what the sender thread
-  then does (``sketch_value``: the exact state plus the encoded sketch).
+* **log(), host**: a float32 array (1k and 1M elements, plain and masked with 80% kept): what
+  the caller does (copy the samples, for a mean/max/min family and a distribution alike:
+  ``rlpulse.producer.reduce.snapshot_value`` and ``rlpulse.producer.sketch.snapshot_value``)
+  and what the sender thread then does (``reduce_value``: the exact state; ``sketch_value``:
+  the state plus the encoded sketch).
 * **log(), GPU** (only with CUDA): device time of the side-stream kernels for 1M elements,
   ``reduce_tensor`` against ``reduce_tensor`` + ``sketch_tensor``, and the host time of the
   launch (no synchronization in either).
@@ -26,10 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks.common import write_json
 from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.producer import Masked
-from rlpulse.producer.reduce import reduce_value
+from rlpulse.producer.reduce import reduce_value, snapshot_value as snapshot_mmm
 from rlpulse.producer.sketch import sketch_value, snapshot_value
 from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.messages import TableDecl
@@ -37,6 +39,8 @@ from rlpulse.schemas.reductions import Reduction
 
 ADV, LOSS = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name
 RANKS = 8
+CALLER_1K: dict[str, float] = {}
+"""The caller's median µs for 1,000 float32 samples: a mean/max/min family and a distribution."""
 
 
 def interleave(contenders: dict[str, Callable[[], object]], calls: int) -> dict[str, np.ndarray]:
@@ -67,14 +71,19 @@ def host_rows(calls: int) -> list[str]:
         for label, value in ((f"{n:,} float32", x), (f"{n:,} float32, masked", Masked(x, mask))):
             t = interleave(
                 {
-                    "mmm": lambda v=value: reduce_value(v),
+                    "mmm_caller": lambda v=value: snapshot_mmm(v),
+                    "mmm_sender": lambda v=value: reduce_value(v),
                     "caller": lambda v=value: snapshot_value(v),
                     "sender": lambda v=value: sketch_value(v),
                 },
                 calls,
             )
-            out.append(row(f"log() caller, host: {label}", t["mmm"], t["caller"]))
-            out.append(row(f"sender thread, host: {label}", t["mmm"], t["sender"]))
+            out.append(row(f"log() caller, host: {label}", t["mmm_caller"], t["caller"]))
+            out.append(row(f"sender thread, host: {label}", t["mmm_sender"], t["sender"]))
+            if n == 1_000 and label.endswith("float32"):
+                CALLER_1K.update(
+                    mmm=float(np.median(t["mmm_caller"])), dist=float(np.median(t["caller"]))
+                )
     return out
 
 
@@ -159,10 +168,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
+    lines = [*host_rows(args.calls), *gpu_rows(args.calls), *collector_rows(args.calls)]
     print("| what | mean/max/min p50 µs | p90 µs | dist (sketch) p50 µs | p90 µs | dist / mmm |")
     print("|---|---:|---:|---:|---:|---:|")
-    for line in (*host_rows(args.calls), *gpu_rows(args.calls), *collector_rows(args.calls)):
+    for line in lines:
         print(line)
+    write_json(
+        "sketch_cost",
+        {
+            "rows": lines,
+            "calls": args.calls,
+            "caller_1k": CALLER_1K,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
+    )
 
 
 if __name__ == "__main__":
