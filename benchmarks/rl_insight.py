@@ -272,6 +272,7 @@ def measure_two_ranks(config: dict[str, Any], metrics_port: int, tmp: Path, seed
 
     from rlpulse.collector.launch import start_collector
     from rlpulse.schemas import metrics as M
+    from rlpulse.schemas.reductions import QUANTILE_STATS
 
     out = tmp / "two-ranks.jsonl"
     collector = start_collector(
@@ -298,6 +299,8 @@ def measure_two_ranks(config: dict[str, Any], metrics_port: int, tmp: Path, seed
     for entry in (M.CRITIC_SCORE, M.RESPONSE_LENGTH, M.CRITIC_ADVANTAGES):
         pooled = np.concatenate([d[entry.name] for d in per_rank])
         for stat, out_name in entry.output_names().items():
+            if stat in QUANTILE_STATS:  # a sketch's quantiles: RL-Insight has no such gauge
+                continue
             reduce: Callable[[np.ndarray], Any] = getattr(np, stat.value)
             plain = [v for _, v in gauges.get(gauge_name(out_name), [])]
             labelled = {
