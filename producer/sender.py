@@ -31,7 +31,7 @@ from rlpulse.producer.deferred import Pending
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.reduce import Buffers, Snapshot
+from rlpulse.producer.reduce import Buffers, Snapshot, reduce_snapshots
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -430,22 +430,20 @@ class Sender(threading.Thread):
     def _reduce_copies(self, payload: dict, copied: int) -> None:
         """Reduce (and sketch) the host samples ``log()`` copied
         (``rlpulse.producer.reduce.Snapshot``), and release their ``copied`` bytes."""
+        names = [name for name, value in payload.items() if isinstance(value, Snapshot)]
+        snaps = [payload[name] for name in names]
         masks: dict[int, Any] = {}
-        for name, value in payload.items():
-            if isinstance(value, Snapshot):
-                try:
-                    payload[name] = value.reduce()
-                except Exception as exc:  # counted; the call's other values still go
-                    payload[name] = INVALID
-                    self.counters.invalid += 1
-                    self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({exc!r})")
-                if self.buffers is not None:
-                    self.buffers.give(value.values)
-                    if value.mask is not None:  # shared by the call's values: given once
-                        masks[id(value.mask)] = value.mask
-                # Let a training thread waiting for the GIL in: it would otherwise wait up
-                # to the interpreter's switch interval (5 ms) behind this loop.
-                time.sleep(0)
+        for name, snap, result in zip(names, snaps, reduce_snapshots(snaps), strict=True):
+            if isinstance(result, Exception):  # counted; the call's other values still go
+                payload[name] = INVALID
+                self.counters.invalid += 1
+                self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({result!r})")
+            else:
+                payload[name] = result
+            if self.buffers is not None:
+                self.buffers.give(snap.values)
+                if snap.mask is not None:  # shared by the call's values: given once
+                    masks[id(snap.mask)] = snap.mask
         for mask in masks.values():
             self.buffers.give(mask)  # type: ignore[union-attr]
         self.released_bytes += copied

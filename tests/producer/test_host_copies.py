@@ -19,6 +19,7 @@ from rlpulse.producer.reduce import (
     Buffers,
     InvalidValue,
     Snapshot,
+    reduce_snapshots,
     reduce_value,
     snapshot_value,
 )
@@ -155,3 +156,30 @@ def test_the_sender_gives_a_shared_mask_back_once(inbox) -> None:
     for step in range(3):
         for i, v in enumerate(values):
             assert got[(step, f"v/{i}")] == pytest.approx(exact(v + step, mask))
+
+
+def test_snapshots_sharing_a_mask_reduce_together_as_they_would_alone() -> None:
+    rng = np.random.default_rng(7)
+    mask = rng.random(700) < 0.7
+    arrays = [rng.normal(0, 1, 700).astype(np.float32) for _ in range(5)]
+    arrays[2][3] = np.nan  # counted one by one: only selected non-finite samples count
+    arrays[3][~mask] = np.inf  # not selected: no effect
+    ints = rng.integers(-5, 5, 700)
+    masks: dict[int, np.ndarray] = {}
+    snaps = [snapshot_value(Masked(a, mask), masks) for a in arrays]
+    snaps += [snapshot_value(Masked(ints, mask), masks), snapshot_value(arrays[0])]
+    snaps.append(snapshot_value(Masked(arrays[1], np.zeros(700, dtype=bool)), {}))
+    snaps.append(snapshot_value(Masked(arrays[4], np.zeros(700, dtype=bool)), masks | {}))
+    together = reduce_snapshots(snaps)
+    alone = [s.reduce() for s in snaps]
+    for got, want in zip(together, alone, strict=True):
+        assert got[1] == want[1]  # non-finite counts
+        assert got[0] == pytest.approx(want[0], rel=1e-12, abs=0.0, nan_ok=True)
+    assert together[2][1] == int(mask[3]) and together[3][1] == 0
+
+
+def test_a_bad_snapshot_is_returned_as_its_error() -> None:
+    snap = Snapshot(np.ones(300), None)
+    snap.values = np.array(["x"] * 300)  # unreadable: as a corrupted copy would be
+    (result,) = reduce_snapshots([snap])
+    assert isinstance(result, Exception)
