@@ -194,6 +194,13 @@ class Collector:
                 agg.handle(accepted, now, position)
         return self.health.messages_received - received
 
+    def _release(self, now: float) -> None:
+        """Apply what held-back producers sent ahead, now that their runs have room."""
+        agg, durable = self.aggregator, self.durable
+        for accepted, payload in self.delivery.release(agg.has_room, agg.admits):
+            position = durable.log_input(payload) if durable is not None else None
+            agg.handle(accepted, now, position)
+
     def _now(self) -> float:
         """The aggregator's clock. It stands still while ``state_dir`` cannot be written:
         nothing is received then, so grace periods and liveness must not run out for data
@@ -207,6 +214,7 @@ class Collector:
         now = self._now()
         if self._stalled_since is None:
             self.aggregator.poll(now)
+            self._release(now)
         if now >= self._discovery_due:
             self._discovery_due = now + PUBLISH_S
             self.discovery.publish(self.aggregator.membership.scrape_targets(now))
@@ -214,9 +222,7 @@ class Collector:
         self.receiver.count_handshake_failures()
         if self.durable is not None and not self._save():
             return  # acknowledgements only ever cover what the write-ahead log holds
-        self.receiver.acknowledge(
-            self.delivery.acks(self.aggregator.feedback, self.aggregator.has_room)
-        )
+        self.receiver.acknowledge(self.delivery.acks(self.aggregator.feedback))
 
     def _save(self, force_checkpoint: bool = False) -> bool:
         """Write the logs, wake the sinks, checkpoint when due. False while ``state_dir``
@@ -372,11 +378,7 @@ class Collector:
                 )
             self._save()
         if self._stalled_since is None:
-            self.receiver.acknowledge(
-                self.delivery.acks(
-                    self.aggregator.feedback, self.aggregator.has_room, everything=True
-                )
-            )
+            self.receiver.acknowledge(self.delivery.acks(self.aggregator.feedback, everything=True))
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:
             log.warning(

@@ -15,6 +15,14 @@ its number like any other, so the messages after it are not a gap forever; nothi
 applied, and its entries are counted in the producer's acknowledgements (``rejected``). A
 hello's number is never behind what its producer knows was acknowledged: a collector that
 restarted without the rejection (acknowledged, never in its write-ahead log) catches up there.
+
+Flow control: a producer ahead of its run's ``max_open_steps`` window is held back. Its
+refused message and the ones it sent after it are parked here (bounded, with the unregistered
+producers' messages), it is told to hold, and once its run has room again (``release``) they
+are applied in order and it is told to go on: ``go``, sending what it has not sent yet, or
+``resend``, everything unacknowledged, when the bound made us drop some of what it sent. Dropped instead, each release would have had the producer
+send its whole backlog again for one window's room: 2,000 ``log()`` calls became 13,000
+messages when a run's first steps waited ``settle_s`` for its other roles.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
@@ -32,7 +40,8 @@ log = logging.getLogger("rlpulse.collector")
 HELLOS = (protocol.Hello, protocol.RelayHello)
 """Registrations: a producer's, or a relay's (a relay is one producer to the collector above)."""
 MAX_HELD = 10_000
-"""Messages kept for producers whose hello has not arrived yet (more are dropped, resent)."""
+"""Messages kept for producers whose hello has not arrived yet, and parked for held-back
+producers (more are dropped, resent)."""
 ACK_DELAY_S = 0.5
 """How late data may be acknowledged: acknowledgements are cumulative, so a producer gets at
 most one per interval, not one per message (a send per message was most of the collector's
@@ -43,8 +52,9 @@ URGENT = (protocol.Bye, protocol.Delta, protocol.Rejected)
 """Data messages acknowledged at once: a goodbye (``close()`` waits), a relay's delta (the
 relay sends the next only then), a rejection (the producer counts it)."""
 MAX_HELD_BYTES = 64 * 1024 * 1024
-"""Bytes kept for producers whose hello has not arrived yet: the bound that matters when
-their messages are large (60 messages of 8 MiB would be half a gigabyte)."""
+"""Bytes kept for producers whose hello has not arrived yet and parked for held-back ones:
+the bound that matters when their messages are large (60 messages of 8 MiB would be half a
+gigabyte)."""
 SEQUENCED = (*protocol.RELIABLE, protocol.Rejected)
 """What takes a number in a producer's sequence: data messages, and the rejected ones."""
 Incoming = protocol.Message | protocol.Rejected
@@ -71,6 +81,14 @@ class Delivery:
         """Producers whose next message waits for room in their run (``admit`` said no)."""
         self._tell_hold: set[int] = set()
         """Held-back producers not yet told to stop sending."""
+        self._wake: dict[int, bool] = {}
+        """Producers released since the last acknowledgements, to be told to go on: to
+        resend (True: some of what they sent while held was dropped) or to send what they
+        have not sent yet (False)."""
+        self._overflowed: set[int] = set()
+        """Held-back producers some of whose messages did not fit where they are parked."""
+        self._parked: dict[int, dict[int, tuple[Incoming, bytes]]] = {}
+        """Per held-back producer, its messages from the refused one on, by number."""
         self.last_seq: dict[int, int] = {}
         self.identity: dict[int, bytes] = {}
         self._held: dict[int, list[tuple[Incoming, bytes]]] = {}
@@ -126,10 +144,17 @@ class Delivery:
             if due < self._next_ack:
                 self._next_ack = due
 
+    def _room(self, raw: bytes) -> bool:
+        """Whether one more message fits in what is kept for unregistered and held-back
+        producers."""
+        return (
+            self._held_count < self.max_held and self._held_bytes + len(raw) <= self.max_held_bytes
+        )
+
     def _hold(self, msg: Incoming, raw: bytes) -> None:
         if not isinstance(msg, SEQUENCED):
             return  # heartbeats of an unknown producer carry nothing to keep
-        if self._held_count >= self.max_held or self._held_bytes + len(raw) > self.max_held_bytes:
+        if not self._room(raw):
             self.health.unknown_producer += 1
             self._ratelog.warn(
                 "unknown",
@@ -139,6 +164,32 @@ class Delivery:
         self._held.setdefault(msg.producer, []).append((msg, raw))
         self._held_count += 1
         self._held_bytes += len(raw)
+
+    def _park(self, msg: Incoming, raw: bytes) -> None:
+        """Keep a held-back producer's message until its run has room (a repeat of one
+        already kept is dropped; past the bound, it is dropped as out of order and the
+        producer resends it once released)."""
+        parked = self._parked.setdefault(msg.producer, {})
+        if msg.seq in parked:
+            return
+        if not self._room(raw):
+            self.health.out_of_order += 1
+            self._overflowed.add(msg.producer)
+            return
+        parked[msg.seq] = (msg, raw)
+        self._held_count += 1
+        self._held_bytes += len(raw)
+
+    def _unpark(self, pid: int) -> bool:
+        """Forget what is parked for ``pid`` (its producer sends it again); whether anything
+        was (or was dropped)."""
+        dropped = pid in self._overflowed
+        self._overflowed.discard(pid)
+        for _, raw in self._parked.pop(pid, {}).values():
+            self._held_count -= 1
+            self._held_bytes -= len(raw)
+            dropped = True
+        return dropped
 
     def _sequenced(
         self,
@@ -153,16 +204,27 @@ class Delivery:
             self._owe(pid, 0.0)  # a resend: it waits for this
             return []
         if msg.seq > last + 1:
-            if pid not in self._held_back:  # behind a held-back message: expected
+            if pid in self._held_back:  # behind a held-back message: parked with it
+                self._park(msg, raw)
+            else:
                 self.health.out_of_order += 1
             return []
         if admit is not None and type(msg) is not protocol.Rejected and not admit(msg):
             if pid not in self._held_back:
                 self._held_back.add(pid)
                 self._tell_hold.add(pid)
-            self.health.held_back += 1
+                self.health.held_back += 1
+            self._park(msg, raw)
             return []
-        self._held_back.discard(pid)
+        if pid in self._held_back:  # it sent again before we asked, and there is room
+            self._held_back.discard(pid)
+            self._tell_hold.discard(pid)
+            self._unpark(pid)
+        return self._apply(msg, raw)
+
+    def _apply(self, msg: Incoming, raw: bytes) -> list[tuple[protocol.Message, bytes]]:
+        """``msg`` is next in its producer's sequence and admitted: take its number."""
+        pid = msg.producer
         self.last_seq[pid] = msg.seq
         self._owe(pid, 0.0 if isinstance(msg, URGENT) else self.clock() + self.ack_delay_s)
         if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
@@ -187,23 +249,41 @@ class Delivery:
         elif isinstance(msg, HELLOS) and msg.producer not in self.last_seq:
             self.last_seq[msg.producer] = msg.seq - 1
 
+    def release(
+        self, has_room: Callable[[int], bool], admit: Callable[[protocol.Message], bool]
+    ) -> Iterator[tuple[protocol.Message, bytes]]:
+        """The parked messages to apply now, in order: those of held-back producers whose
+        run has room again (``Aggregator.has_room``), up to the first ``admit`` refuses.
+        Apply each before taking the next (``admit`` must see it). A producer whose parked
+        messages all went in is told to go on by its next acknowledgement; one refused
+        again stays held back, its rest parked."""
+        for pid in [p for p in self._held_back if has_room(p)]:
+            parked = self._parked.get(pid, {})
+            while (item := parked.get(self.last_seq[pid] + 1)) is not None:
+                msg, raw = item
+                if type(msg) is not protocol.Rejected and not admit(msg):
+                    break
+                del parked[msg.seq]
+                self._held_count -= 1
+                self._held_bytes -= len(raw)
+                yield from self._apply(msg, raw)
+            else:  # all in, or a gap (dropped past the bound): the producer resends the rest
+                self._held_back.discard(pid)
+                self._wake[pid] = self._unpark(pid)
+
     def acks(
         self,
         feedback: Callable[[int], tuple[int, int, str]] | None = None,
-        has_room: Callable[[int], bool] | None = None,
         everything: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """(identity, ack message) for every producer whose acknowledgement is due (all of
         them with ``everything``: at shutdown). Call only once what they acknowledge is in
         the write-ahead log. ``feedback`` gives what each ack also tells its producer: its
         entries left out as late and as conflicts, and the run it is recorded under
-        (``Aggregator.feedback``). Producers held back whose run has room again
-        (``has_room``) are asked to resend now."""
-        wake = set()
-        if self._held_back and has_room is not None:
-            wake = {pid for pid in self._held_back if has_room(pid)}
-            self._held_back -= wake
-        hold, self._tell_hold = self._tell_hold - wake, set()
+        (``Aggregator.feedback``). Producers released since the last call (:meth:`release`)
+        are told to go on; those newly held back, to hold."""
+        wake, self._wake = self._wake, {}
+        hold, self._tell_hold = self._tell_hold - wake.keys(), set()
         now = self.clock()
         due: list[int] = []
         if everything or now >= self._next_ack:  # else nothing is due: no scan
@@ -218,7 +298,13 @@ class Delivery:
                 extra = feedback(pid) if feedback is not None else (0, 0, "")
                 rejected = self.rejected.get(pid, 0)
                 ack = protocol.encode_ack(
-                    pid, self.last_seq[pid], *extra, rejected, resend=pid in wake, hold=pid in hold
+                    pid,
+                    self.last_seq[pid],
+                    *extra,
+                    rejected,
+                    resend=wake.get(pid) is True,
+                    hold=pid in hold,
+                    go=wake.get(pid) is False,
                 )
                 out.append((identity, ack))
         return out

@@ -141,8 +141,9 @@ class Health:
     )
     held_back = SelfMetric(
         "rlpulse_collector_held_back_total",
-        "Messages left unacknowledged because their run already held max_open_steps open "
-        "steps (a producer ahead of the others; asked to resend once steps are emitted).",
+        "Times a producer was held back: its message would have opened a step while its run "
+        "already held max_open_steps open steps (a producer ahead of the others). What it sent "
+        "meanwhile is kept and applied once steps are emitted.",
     )
     run_attempts = SelfMetric(
         "rlpulse_collector_run_attempts_total",

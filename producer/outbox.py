@@ -120,6 +120,12 @@ class Outbox:
         self._progress_at = now
         return repeats
 
+    def go_on(self, now: float) -> None:
+        """The collector has room again and kept everything we sent while held: send what
+        we have not sent yet (nothing twice)."""
+        self._held_at = None
+        self._progress_at = now
+
     def stalled(self, now: float) -> bool:
         """Everything went out, yet nothing was acknowledged for ``resend_s`` (and the
         collector is not holding us back)."""

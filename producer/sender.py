@@ -277,8 +277,10 @@ class Sender(threading.Thread):
                 self.outbox.ack(msg.seq, time.monotonic())
                 if msg.hold:  # ahead of the other ranks: wait until the collector has room
                     self.outbox.hold(time.monotonic())
-                if msg.resend:  # the collector has room again
+                if msg.resend:  # the collector has room again, and dropped some we sent
                     self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
+                elif msg.go:  # the collector has room again, and kept all we sent
+                    self.outbox.go_on(time.monotonic())
                 if msg.late or msg.conflict or msg.rejected or msg.run:
                     self._feedback(msg)
 

@@ -243,9 +243,14 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     hold: bool = False
     """Stop sending data for now: the collector holds this producer back (it is ahead of
     the others and its run holds ``max_open_steps`` open steps); nothing after ``seq`` was
-    applied. A later ack with ``resend`` lets it go on."""
+    applied yet (what it sent meanwhile is kept, within a bound, and applied once there is
+    room). A later ack with ``resend`` lets it go on."""
     resend: bool = False
-    """Send again, now, everything not acknowledged: the collector has room again."""
+    """Send again, now, everything not acknowledged: the collector has room again, and some
+    of what this producer sent while held did not fit in what it keeps."""
+    go: bool = False
+    """Go on sending what was not sent yet: the collector has room again and kept
+    everything this producer sent while held (applied now, or still on its way)."""
 
 
 class Member(Struct, array_like=True, frozen=True, gc=False):

@@ -114,6 +114,7 @@ def encode_ack(
     rejected: int = 0,
     resend: bool = False,
     hold: bool = False,
+    go: bool = False,
 ) -> bytes:
     """An acknowledgement (:class:`~rlpulse.schemas.messages.Ack`); the feedback keys are sent only
     when set, and a producer that predates them ignores them."""
@@ -130,6 +131,8 @@ def encode_ack(
         extra["w"] = True
     if hold:
         extra["h"] = True
+    if go:
+        extra["g"] = True
     return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq, **extra})
 
 
@@ -323,5 +326,6 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             _int(counts, "x", "rejected count"),
             obj.get("h") is True,
             obj.get("w") is True,
+            obj.get("g") is True,
         )
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")

@@ -77,3 +77,49 @@ def test_entries_of_a_producer_that_never_registered_are_counted_as_unapplied() 
     assert d.unapplied() == 2 and d.acks() == []
     d.accept(hello(9), b"id")
     assert d.unapplied() == 0
+
+
+def test_a_held_back_producer_is_parked_then_released_in_order_without_a_resend() -> None:
+    """Flow control: the refused message and those after it are kept, applied in order once
+    the run has room, and the producer is told to go on; dropped, it had to send its whole
+    backlog again for every window's room."""
+    d = Delivery()
+    room = {"open": False}
+    admit = lambda m: room["open"] or m.seq < 3  # noqa: E731
+    d.accept(hello(4), b"id")
+    out = [d.accept(done(4, seq), b"id", b"r%d" % seq, admit) for seq in range(1, 7)]
+    assert [seqs(o) for o in out] == [[1], [2], [], [], [], []]
+    d.accept(done(4, 4), b"id", b"r4", admit)  # a repeat of a parked one: kept once
+    assert d.health.held_back == 1 and d.health.out_of_order == 0
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 2, hold=True)]
+    assert list(d.release(lambda pid: False, admit)) == []  # no room: stays parked
+    room["open"] = True
+    released = list(d.release(lambda pid: True, admit))
+    assert seqs(released) == [3, 4, 5, 6] and [r for _, r in released] == [
+        b"r3",
+        b"r4",
+        b"r5",
+        b"r6",
+    ]
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 6, go=True)]  # nothing twice
+    assert (
+        list(d.release(lambda pid: True, admit)) == [] and d._held_count == 0 and d._held_bytes == 0
+    )
+
+
+def test_release_stops_where_the_run_is_full_again_and_past_a_gap_the_producer_resends() -> None:
+    d = Delivery(max_held=3)
+    limit = {"seq": 2}
+    admit = lambda m: m.seq <= limit["seq"]  # noqa: E731
+    d.accept(hello(4), b"id")
+    for seq in range(1, 8):  # 3, 4, 5 parked; 6 and 7 over the bound: dropped, counted
+        d.accept(done(4, seq), b"id", b"r", admit)
+    assert d.health.out_of_order == 2
+    d.acks()
+    limit["seq"] = 4
+    assert seqs(d.release(lambda pid: True, admit)) == [3, 4]
+    assert d.acks() == []  # still held: nothing to tell yet
+    limit["seq"] = 99
+    assert seqs(d.release(lambda pid: True, admit)) == [5]
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 5, resend=True)]  # 6 and 7 again
+    assert seqs(d.accept(done(4, 6), b"id", b"r", admit)) == [6]
