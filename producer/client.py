@@ -34,7 +34,14 @@ from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
-from rlpulse.producer.reduce import Buffers, InvalidValue, Snapshot, snapshot_value
+from rlpulse.producer.reduce import (
+    Buffers,
+    InvalidValue,
+    Snapshot,
+    row_key,
+    snapshot_rows,
+    snapshot_value,
+)
 from rlpulse.producer.sender import Call, Done, Flush, Item, Sender, Wake
 from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
 from rlpulse.producer.stats import Counters, combine
@@ -234,7 +241,7 @@ class Producer:
             payload = dict(data)
             # Inlined _device_context(): this is the hot path.
             device = self._device if self._device_known else self._find_device()
-            copied, masks, room = 0, None, 0
+            host: list[str] = []
             for name, value in payload.items():
                 if type(value) in _SIMPLE:
                     continue
@@ -243,23 +250,11 @@ class Producer:
                         if call is None:
                             call = device.call()
                         payload[name] = call.add(value, sketch=name in self._dists)
-                        continue
-                    if masks is None:  # host copies: reduced by the sender, bounded in bytes
-                        masks = {}
-                        room = self._copy_limit - (self._copied - self._sender.released_bytes)
-                    snap = (
-                        snapshot_dist(value, masks, room, self._buffers)
-                        if name in self._dists
-                        else snapshot_value(value, masks, room, buffers=self._buffers)
-                    )
-                    if isinstance(snap, Snapshot):
-                        copied += snap.nbytes
-                        room -= snap.nbytes
-                    payload[name] = snap
+                    else:
+                        host.append(name)
                 except InvalidValue as exc:
-                    payload[name] = INVALID
-                    c.invalid += 1
-                    self._warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
+                    self._invalid(payload, name, exc)
+            copied = self._snapshot(payload, host) if host else 0
             if call is not None:
                 waits = (*waits, *call.seal())
             if deferred:
@@ -273,6 +268,48 @@ class Producer:
             if call is not None:
                 call.abandon()
             self._note_error("log()", exc)
+
+    def _snapshot(self, payload: dict, names: list[str]) -> int:
+        """Copy (or reduce now) the host values of ``names``; return the bytes copied. Alike
+        per-token arrays of a call (one mask, dtype and shape) are copied together
+        (``rlpulse.producer.reduce.snapshot_rows``), the rest one by one; copies are
+        reduced by the sender, bounded in bytes."""
+        masks: dict[int, Any] = {}
+        room = self._copy_limit - (self._copied - self._sender.released_bytes)
+        copied = 0
+        alike: dict[tuple | None, list[str]] = {}
+        for name in names:
+            key = None if name in self._dists else row_key(payload[name])
+            alike.setdefault(key, []).append(name)
+        for key, group in alike.items():
+            if key is not None and len(group) > 1:
+                values = [payload[name] for name in group]
+                snaps = snapshot_rows(values, masks, room, self._buffers)
+                if snaps is not None:
+                    payload.update(zip(group, snaps, strict=True))
+                    copied += snaps[0].nbytes
+                    room -= snaps[0].nbytes
+                    continue
+            for name in group:
+                try:
+                    snap = (
+                        snapshot_dist(payload[name], masks, room, self._buffers)
+                        if name in self._dists
+                        else snapshot_value(payload[name], masks, room, buffers=self._buffers)
+                    )
+                except InvalidValue as exc:
+                    self._invalid(payload, name, exc)
+                    continue
+                if isinstance(snap, Snapshot):
+                    copied += snap.nbytes
+                    room -= snap.nbytes
+                payload[name] = snap
+        return copied
+
+    def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
+        payload[name] = INVALID
+        self._counters.invalid += 1
+        self._warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
 
     def _device_context(self) -> DeviceContext | None:
         """This producer's GPU context (None without CUDA, or before torch is imported)."""

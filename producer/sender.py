@@ -443,7 +443,10 @@ class Sender(threading.Thread):
             else:
                 payload[name] = result
             if self.buffers is not None:
-                self.buffers.give(snap.values)
+                if snap.rows is None:
+                    self.buffers.give(snap.values)
+                elif snap.row == 0:  # copied together: one array, given once
+                    self.buffers.give(snap.rows)
                 if snap.mask is not None:  # shared by the call's values: given once
                     masks[id(snap.mask)] = snap.mask
         for mask in masks.values():

@@ -21,6 +21,8 @@ from rlpulse.producer.reduce import (
     Snapshot,
     reduce_snapshots,
     reduce_value,
+    row_key,
+    snapshot_rows,
     snapshot_value,
 )
 from rlpulse.producer.sender import Sender
@@ -183,3 +185,54 @@ def test_a_bad_snapshot_is_returned_as_its_error() -> None:
     snap.values = np.array(["x"] * 300)  # unreadable: as a corrupted copy would be
     (result,) = reduce_snapshots([snap])
     assert isinstance(result, Exception)
+
+
+def test_per_token_tensors_are_copied_together_and_reduced_as_alone(inbox, held_sender) -> None:
+    """A call's tensors of one mask, dtype and shape are copied in one ``torch.stack`` into
+    one array; the sender reduces that array as it is. Exact, per name, whatever the caller
+    does to its tensors after ``log()``; a non-finite row is counted; an odd one out (another
+    shape, a bfloat16 tensor, a bad mask) goes one by one."""
+    rng = np.random.default_rng(11)
+    mask = torch.from_numpy(rng.random((4, 128)) < 0.7)
+    mask_before = mask.numpy().copy()
+    alike = {f"t/{i}": torch.from_numpy(rng.normal(i, 1, (4, 128))) for i in range(5)}
+    alike["t/4"][0, 0] = float("nan")
+    want = {n: exact(t.numpy(), mask.numpy()) for n, t in alike.items() if n != "t/4"}
+    finite = alike["t/4"].numpy()[mask.numpy()]
+    finite = finite[np.isfinite(finite)]
+    want["t/4"] = [float(finite.sum()), float(finite.size), float(finite.min()), finite.max()]
+    other = torch.from_numpy(rng.normal(0, 1, 600))
+    want["other"] = exact(other.numpy())
+    half = torch.ones(4, 128, dtype=torch.bfloat16)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    data = {n: Masked(t, mask) for n, t in alike.items()}
+    p.log({**data, "other": other, "half": Masked(half, mask), "bad": Masked(other, mask)}, 0)
+    for t in (*alike.values(), other):
+        t.fill_(1e6)
+    mask.fill_(False)
+    held_sender.set()
+    p.close()
+    (entry,) = entries(inbox.receive(until=has_bye))
+    got = dict(zip(entry.names, entry.values.tolist(), strict=True))
+    for name, state in want.items():
+        assert got[name] == pytest.approx(state, rel=1e-12), name
+    assert got["half"][1] == float(np.asarray(want["t/0"])[1])  # bfloat16: one by one
+    assert "bad" not in got and p.stats()["invalid"] == 1
+    assert entry.nonfinite == {"t/4": int(mask_before[0, 0])}
+
+
+def test_snapshot_rows_shares_one_array_and_declines_what_it_cannot_copy() -> None:
+    mask = np.ones(300, dtype=bool)
+    values = [Masked(np.full(300, float(i)), mask) for i in range(3)]
+    assert len({row_key(v) for v in values}) == 1
+    masks: dict[int, np.ndarray] = {}
+    snaps = snapshot_rows(values, masks, room=1e9)
+    assert snaps is not None and all(s.rows is snaps[0].rows for s in snaps)
+    assert [s.row for s in snaps] == [0, 1, 2] and snaps[0].mask is masks[id(mask)]
+    assert sum(s.nbytes for s in snaps) == 3 * 300 * 8 + 300
+    assert reduce_snapshots(snaps) == [reduce_value(v) for v in values]
+    assert snapshot_rows(values, {}, room=3 * 300 * 8 - 1) is None  # does not fit
+    small = [np.ones(COPY_MIN - 1), np.ones(COPY_MIN - 1)]
+    assert snapshot_rows(small, {}, room=1e9) is None
+    wrong = [Masked(np.ones(300), np.ones(3, dtype=bool))] * 2
+    assert snapshot_rows(wrong, {}, room=1e9) is None  # named one by one by snapshot_value
