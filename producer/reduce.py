@@ -314,6 +314,10 @@ def snapshot_value(
     return cls(arr.copy() if buffers is None else buffers.take(arr), m)
 
 
+_NUMPY_DTYPES: dict[Any, np.dtype] = {}
+"""The numpy dtype of each torch dtype seen (found by viewing an empty tensor once)."""
+
+
 def row_key(value: Any) -> tuple | None:
     """What values :func:`snapshot_rows` can copy together share (their mask, type, dtype
     and shape); None for values it never copies."""
@@ -346,10 +350,13 @@ def snapshot_rows(
     if type(head) is np.ndarray:
         dtype = head.dtype
     elif head.device.type == "cpu" and head.dim() > 0:
-        view = _numpy_view(head[:0])
-        if view is None:
-            return None
-        dtype, torch = view.dtype, _torch()
+        dtype = _NUMPY_DTYPES.get(head.dtype)
+        if dtype is None:
+            view = _numpy_view(head[:0])
+            if view is None:  # bfloat16 and the like: one by one
+                return None
+            dtype = _NUMPY_DTYPES[head.dtype] = view.dtype
+        torch = _torch()
     else:
         return None
     n, size = len(values), math.prod(head.shape)
@@ -370,8 +377,12 @@ def snapshot_rows(
     if torch is None:
         np.stack(arrays, out=rows.reshape((n, *head.shape)))
     else:
-        with torch.no_grad():
-            torch.stack(arrays, out=torch.from_numpy(rows).view(n, *head.shape))
+        out = torch.from_numpy(rows).view(n, *head.shape)
+        try:
+            torch.stack(arrays, out=out)
+        except RuntimeError:  # a tensor that requires grad (no_grad costs every call µs)
+            with torch.no_grad():
+                torch.stack(arrays, out=out)
     snaps = [Snapshot(row, m, rows, k, 0) for k, row in enumerate(rows)]
     snaps[0].nbytes = rows.nbytes + (0 if m is None else m.nbytes)
     return snaps

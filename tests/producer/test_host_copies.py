@@ -234,5 +234,9 @@ def test_snapshot_rows_shares_one_array_and_declines_what_it_cannot_copy() -> No
     assert snapshot_rows(values, {}, room=3 * 300 * 8 - 1) is None  # does not fit
     small = [np.ones(COPY_MIN - 1), np.ones(COPY_MIN - 1)]
     assert snapshot_rows(small, {}, room=1e9) is None
+    graded = [torch.full((300,), float(i), requires_grad=True) for i in range(2)]
+    snaps = snapshot_rows(graded, {}, room=1e9)  # tensors of the graph: copied all the same
+    assert snaps is not None
+    assert reduce_snapshots(snaps) == [reduce_value(t.detach()) for t in graded]
     wrong = [Masked(np.ones(300), np.ones(3, dtype=bool))] * 2
     assert snapshot_rows(wrong, {}, room=1e9) is None  # named one by one by snapshot_value
