@@ -29,12 +29,14 @@ functions on one micro-batch with and without the hook. Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,30 +222,37 @@ def verl_hook_cost(address: str, calls: int = 300) -> dict[str, float]:
     return {**timings, "added_us": timings["hooked"] - timings["plain"]}
 
 
-def verl_main(args: argparse.Namespace) -> dict[str, Any]:
+@contextlib.contextmanager
+def _collector(prefix: str) -> Iterator[tuple[Path, Path, str]]:
+    """A collector daemon writing jsonl into a fresh folder: (folder, jsonl, address)."""
     from rlpulse.collector.launch import start_collector
-    from tests.integrations.verl_loss_job import EXACT, SETUP_HOOK, run_job
 
-    work = Path(tempfile.mkdtemp(prefix="rlpulse-integrations-verl-"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     jsonl = work / "metrics.jsonl"
     config = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(jsonl)}}}
-    log = (work / "collector.log").open("w")
-    collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
+    with (work / "collector.log").open("w") as log:
+        collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
+        try:
+            yield work, jsonl, collector.address
+        finally:
+            collector.stop()
+
+
+def verl_main(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.integrations.verl_loss_job import EXACT, SETUP_HOOK, run_job
+
     times: dict[str, list[float]] = {mode: [] for mode in VERL_MODES}
     exact: dict[str, Any] = {}
-    try:
+    with _collector("rlpulse-integrations-verl-") as (work, jsonl, address):
         for round_ in range(args.rounds):
             for mode, overrides in VERL_MODES.items():
                 hook = [] if mode == "off" else [SETUP_HOOK]
                 run = f"bench-verl-{mode}-{round_}"
-                result = run_job(work, run, args.steps, [*overrides, *hook], collector.address)
+                result = run_job(work, run, args.steps, [*overrides, *hook], address)
                 times[mode].append(median(result["step_s"][1:]))  # after the first step
                 if mode == "on":
                     exact = result
-        cost = verl_hook_cost(collector.address)
-    finally:
-        collector.stop()
-        log.close()
+        cost = verl_hook_cost(address)
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     collected = {r["step"]: r for r in lines if r["run"] == f"bench-verl-on-{args.rounds - 1}"}
     out: dict[str, dict[str, float]] = {n: {"verl": 0.0, "rlpulse": 0.0} for n in EXACT}
@@ -277,26 +286,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.framework == "verl":
         return verl_main(args)
-    from rlpulse.collector.launch import start_collector
-
-    work = Path(tempfile.mkdtemp(prefix="rlpulse-integrations-"))
-    jsonl = work / "metrics.jsonl"
-    config = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(jsonl)}}}
-    log = (work / "collector.log").open("w")
-    collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    try:
+    with _collector("rlpulse-integrations-") as (work, jsonl, address):
         for round_ in range(args.rounds):
             for mode in MODES:
-                ranks = torchrun(
-                    work, f"bench-{mode}-{round_}", mode, args.steps, collector.address
-                )
+                ranks = torchrun(work, f"bench-{mode}-{round_}", mode, args.steps, address)
                 times[mode].append(median(step_times(ranks[0])))
-        ranks = torchrun(work, "bench-exact", "test", args.steps, collector.address)
-        cost = hook_cost(collector.address)
-    finally:
-        collector.stop()
-        log.close()
+        ranks = torchrun(work, "bench-exact", "test", args.steps, address)
+        cost = hook_cost(address)
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     collected = {r["step"]: r for r in lines if r["run"] == "bench-exact"}
     medians = {mode: median(runs) for mode, runs in times.items()}

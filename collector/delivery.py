@@ -20,9 +20,10 @@ Flow control: a producer ahead of its run's ``max_open_steps`` window is held ba
 refused message and the ones it sent after it are parked here (bounded, with the unregistered
 producers' messages), it is told to hold, and once its run has room again (``release``) they
 are applied in order and it is told to go on: ``go``, sending what it has not sent yet, or
-``resend``, everything unacknowledged, when the bound made us drop some of what it sent. Dropped instead, each release would have had the producer
-send its whole backlog again for one window's room: 2,000 ``log()`` calls became 13,000
-messages when a run's first steps waited ``settle_s`` for its other roles.
+``resend``, everything unacknowledged, when the bound made us drop some of what it sent.
+Dropped instead, each release would have had the producer send its whole backlog again for
+one window's room: 2,000 ``log()`` calls became about 13,000 messages when a run's first steps
+waited ``settle_s`` for its other roles.
 """
 
 from __future__ import annotations

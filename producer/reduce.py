@@ -267,7 +267,7 @@ def _host_array(values: Any) -> np.ndarray | None:
     anything else (numbers, lists, tensors numpy cannot view or not on the CPU)."""
     if isinstance(values, np.ndarray):
         return values.reshape(-1) if values.dtype.kind in "biuf" else None
-    if _is_tensor(values) and values.device.type == "cpu":
+    if _is_tensor(values) and values.device.type == "cpu" and values.layout is _torch().strided:
         view = _numpy_view(values)
         return None if view is None else view.reshape(-1)
     return None
@@ -349,7 +349,7 @@ def snapshot_rows(
     torch = None
     if type(head) is np.ndarray:
         dtype = head.dtype
-    elif head.device.type == "cpu" and head.dim() > 0:
+    elif head.device.type == "cpu" and head.dim() > 0 and head.layout is _torch().strided:
         dtype = _NUMPY_DTYPES.get(head.dtype)
         if dtype is None:
             view = _numpy_view(head[:0])
@@ -473,6 +473,8 @@ def reduce_value(value: Any) -> Reduced:
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise InvalidValue(f"cannot log a {type(values).__name__} as a metric")
     if _is_tensor(values):
+        if values.layout is not _torch().strided:
+            raise InvalidValue(f"cannot log a {values.layout} tensor; log its .to_dense()")
         view = _numpy_view(values) if values.device.type == "cpu" else None
         mask_view = _numpy_view(mask) if _is_tensor(mask) else mask
         if view is None or (mask_view is None and mask is not None):

@@ -238,5 +238,20 @@ def test_snapshot_rows_shares_one_array_and_declines_what_it_cannot_copy() -> No
     snaps = snapshot_rows(graded, {}, room=1e9)  # tensors of the graph: copied all the same
     assert snaps is not None
     assert reduce_snapshots(snaps) == [reduce_value(t.detach()) for t in graded]
+    sparse = [torch.ones(300).to_sparse(), torch.ones(300).to_sparse()]
+    assert snapshot_rows(sparse, {}, room=1e9) is None  # not strided: one by one
     wrong = [Masked(np.ones(300), np.ones(3, dtype=bool))] * 2
     assert snapshot_rows(wrong, {}, room=1e9) is None  # named one by one by snapshot_value
+
+
+def test_a_sparse_tensor_is_named_invalid_and_the_call_goes_on(inbox) -> None:
+    """Copied alone or with another like it, a sparse tensor gets a clear error, not the
+    loss of the whole call."""
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    sparse = {f"s/{i}": torch.ones(300).to_sparse() for i in range(2)}
+    p.log({**sparse, "ok": 1.0}, step=0)
+    p.log({"s/0": torch.ones(300).to_sparse(), "ok": 2.0}, step=1)
+    p.close()
+    got = [e.names for e in entries(inbox.receive(until=has_bye))]
+    assert got == [("ok",), ("ok",)]
+    assert p.stats()["invalid"] == 3 and p.stats()["errors"] == 0
