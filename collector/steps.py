@@ -22,6 +22,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,11 +37,13 @@ from rlpulse.schemas.reductions import QUANTILE_STATS, Reduction, Stat
 from rlpulse.schemas.sketch import encode as encode_sketch
 from rlpulse.schemas.spans import Span
 from rlpulse.schemas.values import (
+    READ,
     WIDTH,
     empty_rows,
     invalid_rows,
     merge_rows,
-    read_rows,
+    read_matrix,
+    reduce_checked,
     reduce_rows,
 )
 
@@ -48,15 +51,6 @@ log = logging.getLogger("rlpulse.collector")
 HARD_OPEN_FACTOR = 8
 """Open steps beyond ``max_open_steps`` times this are emitted partial, oldest first: the
 bound that holds even when producers' batches overshoot the window."""
-_COLUMNS = (Stat.MEAN, Stat.FRACTION, Stat.SUM, Stat.LAST, Stat.MIN, Stat.MAX)
-"""The statistics :func:`~rlpulse.schemas.values.read_rows` gives, in a fixed order."""
-
-
-def _column(stat: Stat) -> int:
-    """Where ``stat`` is in :data:`_COLUMNS`; a quantile logged on its own reads the max."""
-    return _COLUMNS.index(stat) if stat in _COLUMNS else _COLUMNS.index(Stat.MAX)
-
-
 MAX_LAYOUTS = 4096
 """Name tables whose row mapping is cached per run."""
 
@@ -94,6 +88,8 @@ class StepState:
     with other ranks'): the step is emitted partial, naming them."""
     sketches: dict[int, np.ndarray] = field(default_factory=dict)
     """Per row of a distribution metric, its merged quantile sketch (``collector.sketches``)."""
+    waiting_on: Slot | None = None
+    """A slot the step was last found waiting for (``RunSteps.due`` asks it first)."""
 
     def grow(self, n: int) -> None:
         """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""
@@ -124,6 +120,18 @@ class _Layout:
     """Names in the table (rows in each entry's values)."""
     last_all: np.ndarray
     """``LAST`` metrics among all the table's rows (``last`` is over the kept ones)."""
+
+
+class _ReadPlan(NamedTuple):
+    """How a step with a given set of touched rows reads: each output's name, row (among the
+    touched ones) and statistic (a row of ``read_matrix``), and the distributions' quantiles
+    (read off their sketches)."""
+
+    names: tuple[str, ...]
+    rows: np.ndarray
+    row_list: tuple[int, ...]
+    stats: np.ndarray
+    quantiles: tuple[tuple[str, int, Stat], ...]
 
 
 class _Group:
@@ -157,8 +165,8 @@ class RunSteps:
         self.last_emitted = -1
         self._pending: dict[int, dict[int, _Group]] = {}
         """Entries waiting to be merged: by step, then by layout (``id``)."""
-        self._plans: list[tuple[tuple[str, int, Stat], ...]] = []
-        """Per name (row), how :meth:`close` reads each of its outputs."""
+        self._read_plans: dict[bytes, _ReadPlan] = {}
+        """How :meth:`close` reads a step, by the rows it touched."""
         self._ratelog = RateLimitedLog(log)
 
     # ------------------------------------------------------------------ names
@@ -340,19 +348,20 @@ class RunSteps:
         k = len(group.blobs)
         blob = group.blobs[0] if k == 1 else b"".join(group.blobs)
         rows = np.frombuffer(blob, dtype="<f8").reshape(k, layout.size, WIDTH)
-        if invalid_rows(rows) is not None:
+        # Entries in arrival order, so LAST metrics keep the latest entry's value.
+        last = layout.last_all if layout.touches_last else None
+        merged = reduce_checked(rows, last)
+        if merged is None:  # some entry is invalid (or the sums overflowed): which?
             good = [i for i in range(k) if invalid_rows(rows[i]) is None]
             for _ in range(k - len(good)):
                 self.health.reject("bad_values")
-            self._ratelog.warn(
-                "bad-values", f"rejected {k - len(good)} entries with impossible values"
-            )
+            if len(good) < k:
+                self._ratelog.warn(
+                    "bad-values", f"rejected {k - len(good)} entries with impossible values"
+                )
             if not good:
                 return
-            rows = rows[good]
-            k = len(good)
-        # Entries in arrival order, so LAST metrics keep the latest entry's value.
-        merged = reduce_rows(rows, layout.last_all if layout.touches_last else None)
+            merged = reduce_rows(rows[good], last)
         if layout.keep is not None:
             merged = merged[layout.keep]
         if not len(merged):
@@ -435,6 +444,14 @@ class RunSteps:
         expected = members.expected()
         for step in sorted(self.steps):
             state = self.steps[step]
+            if (
+                len(state.done) < len(expected)
+                and not (state.withdrawn or state.tainted)
+                and len(self.steps) <= max_open_steps
+                and (state.first_done_at is None or now - state.first_done_at < grace_s)
+                and self._waits_on(state, expected, gone)
+            ):
+                return  # the common case, decided without listing every missing slot
             # done only ever holds expected slots, so counting them says "complete"
             missing = expected - state.done if len(state.done) < len(expected) else set()
             lost = self._lost(state, members) if state.withdrawn else set()
@@ -447,6 +464,19 @@ class RunSteps:
                 if not (overflow or graced or all(s in lost or gone(s) for s in missing)):
                     return
             yield state, missing
+
+    @staticmethod
+    def _waits_on(state: StepState, expected: set[Slot], gone: Callable[[Slot], bool]) -> bool:
+        """Whether some expected slot has neither finished ``state`` nor gone: the step must
+        wait. The slot found last time is asked first, so a poll costs O(1) while it still
+        waits, not a pass over every rank (which was most of a poll at 1,024 ranks)."""
+        slot = state.waiting_on
+        if slot is not None and slot in expected and slot not in state.done and not gone(slot):
+            return True
+        done = state.done
+        slot = next((s for s in expected if s not in done and not gone(s)), None)
+        state.waiting_on = slot
+        return slot is not None
 
     @staticmethod
     def _lost(state: StepState, members: Members) -> set[Slot]:
@@ -467,42 +497,60 @@ class RunSteps:
         """Remove an emitted step; return its metrics and the role(s) behind each."""
         del self.steps[state.step]
         self.last_emitted = max(self.last_emitted, state.step)
-        metrics: dict[str, float] = {}
-        roles: dict[str, str] = {}
-        owners: dict[int, str] = {}
         touched = np.flatnonzero(state.touched[: len(self.names)])
-        # Python numbers, read once: per-element numpy reads cost more than the maths.
-        all_rows, all_bits = state.rows[touched].tolist(), state.roles[touched].tolist()
-        by_stat = read_rows(state.rows[touched])
-        columns = [by_stat[stat] for stat in _COLUMNS]
-        plans, plan_of = self._plans, self._plan
-        for i, (j, bits) in enumerate(zip(touched.tolist(), all_bits, strict=True)):
+        plan = self._read_plan(touched)
+        # Every statistic of every touched row at once, then the outputs' cells in one
+        # gather: a Python step per output cost more than the maths.
+        values = read_matrix(state.rows[touched])[plan.stats, plan.rows].tolist()
+        owners: dict[int, str] = {}
+        row_owner = []
+        for bits in state.roles[touched].tolist():
             owner = owners.get(bits)
             if owner is None:
                 owner = owners[bits] = members.role_names(bits)
-            for out, column, stat in plans[j] if j < len(plans) else plan_of(j):
-                if column < 0:  # a distribution's quantile, read off its sketch
-                    value = read_quantile(state.sketches.get(j), all_rows[i], stat)
-                    if value is None:
-                        continue
-                else:
-                    value = columns[column][i]
-                    if value != value:  # NaN: not defined by the samples
-                        continue
+            row_owner.append(owner)
+        metrics: dict[str, float] = {}
+        roles: dict[str, str] = {}
+        for out, row, value in zip(plan.names, plan.row_list, values, strict=True):
+            if value == value:  # NaN: not defined by the samples
                 metrics[out] = value
-                roles[out] = owner
+                roles[out] = row_owner[row]
+        all_rows = state.rows[touched]
+        for out, row, stat in plan.quantiles:  # a distribution's, read off its sketch
+            sketch = state.sketches.get(int(touched[row]))
+            value = read_quantile(sketch, all_rows[row].tolist(), stat)
+            if value is not None:
+                metrics[out] = value
+                roles[out] = row_owner[row]
         return metrics, roles
 
-    def _plan(self, j: int) -> tuple[tuple[str, int, Stat], ...]:
-        """Name ``j``'s outputs as (name, column of ``read_rows``, statistic); column -1 for
-        a distribution's quantiles (cached per name and run)."""
-        while len(self._plans) <= j:
-            resolved = self.resolved[len(self._plans)]
+    def _read_plan(self, touched: np.ndarray) -> _ReadPlan:
+        """How :meth:`close` reads a step whose touched rows are ``touched`` (cached: a run's
+        steps mostly touch the same rows)."""
+        key = touched.tobytes()
+        plan = self._read_plans.get(key)
+        if plan is not None:
+            return plan
+        names, rows, stats, quantiles = [], [], [], []
+        for i, j in enumerate(touched.tolist()):
+            resolved = self.resolved[j]
             dist = resolved.reduction is Reduction.DIST
-            self._plans.append(
-                tuple(
-                    (out, -1 if dist and stat in QUANTILE_STATS else _column(stat), stat)
-                    for stat, out in resolved.outputs.items()
-                )
-            )
-        return self._plans[j]
+            for stat, out in resolved.outputs.items():
+                if dist and stat in QUANTILE_STATS:
+                    quantiles.append((out, i, stat))
+                else:
+                    names.append(out)
+                    rows.append(i)
+                    # a quantile logged on its own merges by max and reads the max
+                    stats.append(READ.index(stat) if stat in READ else READ.index(Stat.MAX))
+        plan = _ReadPlan(
+            tuple(names),
+            np.array(rows, dtype=np.intp),
+            tuple(rows),
+            np.array(stats, dtype=np.intp),
+            tuple(quantiles),
+        )
+        if len(self._read_plans) >= MAX_LAYOUTS:
+            self._read_plans.clear()
+        self._read_plans[key] = plan
+        return plan

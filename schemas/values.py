@@ -143,26 +143,27 @@ def merge_rows(
         acc[idx] = target
 
 
-def read_rows(rows: np.ndarray) -> dict[Stat, list[float]]:
-    """Every statistic of every state row (``rows`` is n x 4), as lists of Python floats,
-    NaN where the samples do not define it (no weight; extremes never observed). The one
-    definition of how a merged state reads: ratios (mean, fraction) are sum over weight,
-    ``LAST`` the sum when there was a sample, extremes as they are. A quantile logged on its
-    own merges by max and reads the max; a distribution's quantiles are read off its sketch
-    by the collector, never here."""
+READ = (Stat.MEAN, Stat.FRACTION, Stat.SUM, Stat.LAST, Stat.MIN, Stat.MAX)
+"""The statistics a state reads as, in the order of :func:`read_matrix`'s rows."""
+
+
+def read_matrix(rows: np.ndarray) -> np.ndarray:
+    """Every statistic of every state row (``rows`` is n x 4): a ``len(READ)`` x n array,
+    one row per statistic of :data:`READ`, NaN where the samples do not define it (no
+    weight; extremes never observed). The one definition of how a merged state reads: ratios
+    (mean, fraction) are sum over weight, ``LAST`` the sum when there was a sample, extremes
+    as they are. A quantile logged on its own merges by max and reads the max; a
+    distribution's quantiles are read off its sketch by the collector, never here."""
     total, weight = rows[:, SUM], rows[:, WEIGHT]
     seen = weight > 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(seen, total / np.where(seen, weight, 1.0), NAN).tolist()
-    low, high = rows[:, MIN].tolist(), rows[:, MAX].tolist()
-    return {
-        Stat.MEAN: ratio,
-        Stat.FRACTION: ratio,
-        Stat.SUM: total.tolist(),
-        Stat.LAST: np.where(seen, total, NAN).tolist(),
-        Stat.MIN: low,
-        Stat.MAX: high,
-    }
+        ratio = np.where(seen, total / np.where(seen, weight, 1.0), NAN)
+    return np.stack((ratio, ratio, total, np.where(seen, total, NAN), rows[:, MIN], rows[:, MAX]))
+
+
+def read_rows(rows: np.ndarray) -> dict[Stat, list[float]]:
+    """:func:`read_matrix` by statistic, as lists of Python floats."""
+    return dict(zip(READ, read_matrix(rows).tolist(), strict=True))
 
 
 def read_row(row: Sequence[float] | np.ndarray, stat: Stat) -> float | None:
@@ -178,6 +179,37 @@ def empty_rows(n: int) -> np.ndarray:
     out = np.zeros((n, WIDTH), dtype=np.float64)
     out[:, MIN:] = NAN
     return out
+
+
+def reduce_checked(rows: np.ndarray, last: np.ndarray | None = None) -> np.ndarray | None:
+    """:func:`reduce_rows` of states read off the wire, or None when one of them is not valid
+    (:func:`invalid_rows` says which and why). The check reads the merged states, so it costs a
+    quarter of checking first (:func:`all_valid`)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # the check below says no
+        merged = reduce_rows(rows)
+    if not all_valid(rows, merged):
+        return None
+    if last is not None and rows.shape[0] > 1:
+        _keep_latest(merged, rows[-1], last)
+    return merged
+
+
+def all_valid(rows: np.ndarray, merged: np.ndarray) -> bool:
+    """Whether every state of ``rows`` (k x n x 4) is valid (:func:`invalid_rows` is None),
+    decided with ``merged``, their :func:`reduce_rows` (with no ``last``), in single-column
+    passes: :func:`invalid_rows`' passes over two columns at once are several times slower.
+    False may also mean sums too large to add up: :func:`invalid_rows` is exact."""
+    with np.errstate(invalid="ignore"):
+        return bool(
+            # a NaN or infinity among k sums (or weights) makes their sum NaN or infinite
+            np.isfinite(merged[:, :MIN]).all()
+            and not (rows[..., WEIGHT] < 0).any()
+            and not (rows[..., MIN] > rows[..., MAX]).any()
+            # -inf among the minima is their fmin, +inf among the maxima their fmax
+            and not np.isinf(merged[:, MIN:]).any()
+            and not (rows[..., MIN] == math.inf).any()
+            and not (rows[..., MAX] == -math.inf).any()
+        )
 
 
 def invalid_rows(rows: np.ndarray) -> str | None:

@@ -80,6 +80,23 @@ def test_silent_producer_is_presumed_dead_after_liveness() -> None:
     assert all(r.partial and r.missing == ("actor_train/1",) for r in h.records)
 
 
+def test_a_step_goes_out_once_the_rank_it_waited_for_finishes_and_the_rest_are_gone() -> None:
+    """The poll remembers the slot a step waits for (so a poll does not list every missing
+    rank); when that rank finishes and every slot still missing is gone, the step goes out at
+    that poll, not at the grace period."""
+    h = Harness(grace_s=1000, liveness_s=10)
+    h.send(*(hello(1 + r, rank=r, ws=3) for r in range(3)))
+    h.send(metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))  # rank 0 finished step 0
+    h.tick(4)
+    h.send(metrics(2, 0, {LOSS: 3.0}))  # rank 1 logged it: alive, not finished
+    h.tick(7)  # rank 2 silent since t=0: gone; rank 1 heard from at t=4: alive
+    h.send(P.Heartbeat(1, 9, {}))
+    assert h.records == []  # waits for rank 1
+    h.send(P.Done(2, 0, 0))  # rank 1 finishes: rank 2, the only one missing, is gone
+    (rec,) = h.records
+    assert rec.partial and rec.missing == ("actor_train/2",) and rec.metrics[LOSS] == 2.0
+
+
 def test_late_data_is_counted_not_merged() -> None:
     h = Harness()
     h.send(hello(1), metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))

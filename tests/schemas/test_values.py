@@ -131,3 +131,42 @@ def test_reduce_rows_ignores_unobserved_extremes() -> None:
         [[[1.0, 1.0, math.nan, math.nan]], [[2.0, 1.0, 2.0, 2.0]], [[0.0, 0.0, math.nan, math.nan]]]
     )
     np.testing.assert_array_equal(reduce_rows(rows), [[3.0, 2.0, 2.0, 2.0]])
+
+
+_ODD = (math.nan, math.inf, -math.inf, -1.0, 5.0, 0.0)
+
+
+@settings(max_examples=400)
+@given(
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(_ODD)), max_size=3),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+    st.integers(0, 2**32 - 1),
+)
+def test_checked_reduction_refuses_exactly_what_the_check_refuses(
+    k: int, n: int, odd: list[tuple[int, float]], last: list[bool], seed: int
+) -> None:
+    """The merge's cheap check (``reduce_checked``, read off the merged states) refuses
+    exactly the entries ``invalid_rows`` refuses, and otherwise merges as ``reduce_rows``."""
+    from rlpulse.schemas.values import invalid_rows, reduce_checked
+
+    rows = np.random.default_rng(seed).random((k, n, 4))
+    rows[..., 3] += rows[..., 2]  # min <= max
+    for where, value in odd:
+        rows.reshape(-1)[where % rows.size] = value
+    mask = np.array(last[:n])
+    merged = reduce_checked(rows, mask)
+    if invalid_rows(rows) is not None:
+        assert merged is None
+    else:
+        assert merged is not None
+        np.testing.assert_array_equal(merged, reduce_rows(rows, mask))
+
+
+def test_checked_reduction_of_sums_too_large_to_add_defers_to_the_exact_check() -> None:
+    from rlpulse.schemas.values import invalid_rows, reduce_checked
+
+    rows = np.array([[[1e308, 1.0, 1.0, 2.0]], [[1e308, 1.0, 1.0, 2.0]]])
+    assert invalid_rows(rows) is None  # each state is valid; only their sum overflows
+    assert reduce_checked(rows) is None
