@@ -135,11 +135,13 @@ ASK_ACK_S = 0.05
 once (it otherwise may wait ``collector.delivery.ACK_DELAY_S``)."""
 COALESCE_S = 0.0005
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
-CYCLE_S = 0.002
+CYCLE_S = 0.005
 """Shortest time from one wake-up's work to the next: calls that come faster than one per
 ``CYCLE_S`` leave together (a wake-up and a cycle of the sender cost about 100 µs of CPU
 whatever they carry), the later ones at most ``CYCLE_S`` late; a call after a pause goes
-out after ``COALESCE_S``."""
+out after ``COALESCE_S``. Training calls ``log()`` a few times per step, seconds apart, so
+this only gathers bursts: at one 60-scalar call a millisecond, 5 ms instead of 2 ms took the
+process's CPU per call from 178-205 to 156-160 µs (the floor's: 103-124 µs)."""
 
 
 class Sender(threading.Thread):
