@@ -249,11 +249,15 @@ class Aggregator:
                 self._conflict(prod, len(msg.entries), replay)  # type: ignore[union-attr]
                 return
             bit = self.membership.runs[prod.run].role_bits[prod.role]
-            sketches = by_table_row(msg.sketches, len(msg.entries))  # type: ignore[union-attr]
-            for entry, sketch in zip(msg.entries, sketches, strict=True):  # type: ignore[union-attr]
-                self._entry(run, prod, bit, entry, now, position, replay, sketch)
-            if msg.done >= 0:  # type: ignore[union-attr]
-                self._advance(prod, msg.done, now)  # type: ignore[union-attr]
+            entries = msg.entries  # type: ignore[union-attr]
+            if msg.sketches:  # type: ignore[union-attr]
+                sketches = by_table_row(msg.sketches, len(entries))  # type: ignore[union-attr]
+                for entry, sketch in zip(entries, sketches, strict=True):
+                    self._entry(run, prod, bit, entry, now, position, replay, sketch)
+            else:
+                for entry in entries:
+                    self._entry(run, prod, bit, entry, now, position, replay)
+            self._finished(run, prod, msg.done, now)  # type: ignore[union-attr]
         elif kind is protocol.Delta:
             self._apply_delta(prod, msg, now, position, replay)  # type: ignore[arg-type]
         elif isinstance(msg, protocol.Done):
@@ -470,9 +474,17 @@ class Aggregator:
         """Record that ``prod`` has finished every step up to ``watermark``."""
         if watermark <= prod.watermark:
             return
-        old, prod.watermark = prod.watermark, watermark
         if self.membership.holds_slot(prod):
-            self._run(prod.run).finish_through(prod.slot, old, watermark, now)
+            self._finished(self._run(prod.run), prod, watermark, now)
+        else:
+            prod.watermark = watermark
+
+    @staticmethod
+    def _finished(run: RunSteps, prod: ProducerInfo, watermark: int, now: float) -> None:
+        """:meth:`_advance` for a producer known to hold its slot in ``run``."""
+        if watermark > prod.watermark:
+            old, prod.watermark = prod.watermark, watermark
+            run.finish_through(prod.slot, old, watermark, now)
 
     # ------------------------------------------------------------------ emitting
 

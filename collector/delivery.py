@@ -227,7 +227,10 @@ class Delivery:
         """``msg`` is next in its producer's sequence and admitted: take its number."""
         pid = msg.producer
         self.last_seq[pid] = msg.seq
-        self._owe(pid, 0.0 if isinstance(msg, URGENT) else self.clock() + self.ack_delay_s)
+        if isinstance(msg, URGENT):
+            self._owe(pid, 0.0)
+        elif pid not in self._to_ack:  # else one is owed already, and no later than this
+            self._owe(pid, self.clock() + self.ack_delay_s)
         if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
             self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
             return []
