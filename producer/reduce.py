@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -162,7 +162,9 @@ class Snapshot:
 POOL_IDLE_BYTES = 1 << 20
 """Idle copy buffers :class:`Buffers` keeps per shape and dtype, at most."""
 POOL_SHAPES = 64
-"""Shapes and dtypes :class:`Buffers` keeps buffers for, at most."""
+"""Shapes and dtypes :class:`Buffers` keeps buffers for, at most, the least recently given
+back dropped first: per-token tensors change length from step to step, and a pool that
+kept only the first 64 lengths it saw never reused a buffer of a later one."""
 
 
 class Buffers:
@@ -174,7 +176,8 @@ class Buffers:
     """
 
     def __init__(self) -> None:
-        self._free: dict[tuple[str, int], deque[np.ndarray]] = {}
+        self._free: OrderedDict[tuple[str, int], deque[np.ndarray]] = OrderedDict()
+        """Idle buffers by dtype and size, the most recently given back last."""
 
     def take(self, like: np.ndarray) -> np.ndarray:
         """A flat array of ``like``'s dtype and size, holding a copy of it."""
@@ -201,9 +204,13 @@ class Buffers:
         key = (buf.dtype.str, buf.size)
         free = self._free.get(key)
         if free is None:
-            if len(self._free) >= POOL_SHAPES or buf.nbytes > POOL_IDLE_BYTES:
+            if buf.nbytes > POOL_IDLE_BYTES:
                 return
-            free = self._free.setdefault(key, deque())
+            while len(self._free) >= POOL_SHAPES:  # a shape not seen for longest goes
+                self._free.popitem(last=False)
+            free = self._free[key] = deque()
+        else:
+            self._free.move_to_end(key)
         if (len(free) + 1) * buf.nbytes <= POOL_IDLE_BYTES:
             free.append(buf)
 

@@ -16,6 +16,7 @@ from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.reduce import (
     COPY_MIN,
     POOL_IDLE_BYTES,
+    POOL_SHAPES,
     Buffers,
     InvalidValue,
     Snapshot,
@@ -136,6 +137,20 @@ def test_buffers_are_reused_bounded_and_never_handed_out_twice() -> None:
     big = np.zeros(POOL_IDLE_BYTES // 8 + 1)
     pool.give(pool.take(big))
     assert pool.take(big) is not None and len(pool._free.get((big.dtype.str, big.size), ())) == 0
+
+
+def test_buffers_keep_the_shapes_given_back_most_recently() -> None:
+    """Per-token tensors change length from step to step: a shape not given back for
+    longest makes room for a new one, so the pool never fills with lengths of the past."""
+    pool = Buffers()
+    for n in range(1, POOL_SHAPES + 2):  # one shape more than it keeps
+        pool.give(pool.take(np.zeros(n, dtype=np.float32)))
+    kept = {size for _, size in pool._free}
+    assert len(kept) == POOL_SHAPES and 1 not in kept and POOL_SHAPES + 1 in kept
+    pool.give(pool.take(np.zeros(2, dtype=np.float32)))  # used again: kept longest now
+    pool.give(pool.take(np.zeros(POOL_SHAPES + 2, dtype=np.float32)))
+    kept = {size for _, size in pool._free}
+    assert 2 in kept and 3 not in kept
 
 
 def test_the_sender_gives_a_shared_mask_back_once(inbox) -> None:
