@@ -309,20 +309,23 @@ class Collector:
             "; CurveZMQ on" if self.config.curve is not None else "",
         )
         clock, next_settle, received, busy = self._clock, 0.0, False, False
+        flowing = False  # the last window brought messages: sleep through the next, no poll
         try:
             while not self._stop.is_set():
                 if self._stalled_since is not None:
                     self._stop.wait(RETRY_S)  # receive nothing the log could not take
-                elif received:
-                    # Data in hand: what else arrives before the settle is due is taken in
-                    # one go then, not one wake-up per message (the poll and the wake-up
-                    # were a third of a paced message's cost). Steps go out no later.
+                elif received or flowing:
+                    # Data in hand, or data arriving: what arrives before the settle is due
+                    # is taken in one go then, not one wake-up per message (the poll and the
+                    # wake-up were a third of a paced message's cost). Steps go out no later.
                     delay = next_settle - clock()
                     if delay > 0 and not busy:
                         time.sleep(delay)
-                    busy = self._receive(BATCH) == BATCH
+                    got = self._receive(BATCH)
+                    busy, flowing = got == BATCH, got > 0
+                    received = received or flowing
                 elif poller.poll(POLL_MS):
-                    received = self._receive(BATCH) > 0
+                    received = flowing = self._receive(BATCH) > 0
                 now = clock()
                 if now >= next_settle or not received:
                     self._settle()
