@@ -129,7 +129,6 @@ class _ReadPlan(NamedTuple):
 
     names: tuple[str, ...]
     rows: np.ndarray
-    row_list: tuple[int, ...]
     stats: np.ndarray
     quantiles: tuple[tuple[str, int, Stat], ...]
 
@@ -499,9 +498,9 @@ class RunSteps:
         self.last_emitted = max(self.last_emitted, state.step)
         touched = np.flatnonzero(state.touched[: len(self.names)])
         plan = self._read_plan(touched)
-        # Every statistic of every touched row at once, then the outputs' cells in one
-        # gather: a Python step per output cost more than the maths.
-        values = read_matrix(state.rows[touched])[plan.stats, plan.rows].tolist()
+        rows = state.rows[touched]
+        # Every statistic of every touched row at once, then the outputs' cells in one gather.
+        values = read_matrix(rows)[plan.stats, plan.rows].tolist()
         owners: dict[int, str] = {}
         row_owner = []
         for bits in state.roles[touched].tolist():
@@ -511,14 +510,13 @@ class RunSteps:
             row_owner.append(owner)
         metrics: dict[str, float] = {}
         roles: dict[str, str] = {}
-        for out, row, value in zip(plan.names, plan.row_list, values, strict=True):
+        for out, row, value in zip(plan.names, plan.rows.tolist(), values, strict=True):
             if value == value:  # NaN: not defined by the samples
                 metrics[out] = value
                 roles[out] = row_owner[row]
-        all_rows = state.rows[touched]
         for out, row, stat in plan.quantiles:  # a distribution's, read off its sketch
             sketch = state.sketches.get(int(touched[row]))
-            value = read_quantile(sketch, all_rows[row].tolist(), stat)
+            value = read_quantile(sketch, rows[row].tolist(), stat)
             if value is not None:
                 metrics[out] = value
                 roles[out] = row_owner[row]
@@ -546,7 +544,6 @@ class RunSteps:
         plan = _ReadPlan(
             tuple(names),
             np.array(rows, dtype=np.intp),
-            tuple(rows),
             np.array(stats, dtype=np.intp),
             tuple(quantiles),
         )
