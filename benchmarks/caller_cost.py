@@ -20,10 +20,13 @@ of each tensor (one ``torch.stack(...).tolist()`` per tensor), so they log 100 s
 torch runs with one intra-op thread. Each call is timed alone (``perf_counter_ns``) and followed by 1 ms of "training" (a sleep,
 so background threads and processes get to run, as between real steps). Contenders take
 turns in blocks of 50 calls, in a shuffled order every round (interleaved, never one after
-the other), with a 50 ms pause after each block for their background work to finish. The
-CPU of the whole process and its helper processes (wandb-core and the like; not the
-collector or the drain) is read around every block, so the table can also show the CPU a
-call costs in total, background included, above the ``null`` contender's baseline.
+the other), with a 50 ms pause after each block, and then as long as it takes for the
+process to be quiet again (:func:`settle`): a contender's background threads (swanlab's,
+wandb's) work on after its block, and without the wait they ran into the next contender's
+block, holding the GIL against its calls and billing it for their CPU. The CPU of the whole
+process and its helper processes (wandb-core and the like; not the collector or the drain)
+is read around every block, the wait included, so the table can also show the CPU a call
+costs in total, background included, above the ``null`` contender's baseline.
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ N_TENSORS, TOKENS, EXTRA_SCALARS = 20, 4096, 40
 BLOCK = 50
 PACE_S = 0.001
 PAUSE_S = 0.05
+QUIET_WINDOW_S = 0.02
+QUIET_SHARE = 0.05
+"""The process is quiet when its other threads and its helper processes used less than this
+share of one CPU over a window (idle, they use under 1%: heartbeats and polls)."""
+SETTLE_MAX_S = 5.0
 
 
 # ---------------------------------------------------------------------------- payloads
@@ -322,6 +330,33 @@ class CpuMeter:
             total += ct.user + ct.system
         return total
 
+    def background(self) -> float:
+        """CPU seconds of this process's other threads and of the helpers seen by
+        :meth:`read` (no scan for new ones: cheap enough to call every few ms; a helper's
+        time comes in 10 ms ticks)."""
+        total = time.process_time() - time.thread_time()
+        for proc in self._children.values():
+            try:
+                ct = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += ct.user + ct.system
+        return total
+
+
+def settle(meter: CpuMeter) -> float:
+    """Wait until the process is quiet (:data:`QUIET_SHARE`), at most :data:`SETTLE_MAX_S`;
+    return the seconds waited."""
+    start = time.perf_counter()
+    last = meter.background()
+    while time.perf_counter() - start < SETTLE_MAX_S:
+        time.sleep(QUIET_WINDOW_S)
+        now = meter.background()
+        if now - last < QUIET_SHARE * QUIET_WINDOW_S:
+            break
+        last = now
+    return time.perf_counter() - start
+
 
 def measure(names: list[str], rounds: int, seed: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="rlpulse-caller-"))
@@ -349,6 +384,9 @@ def measure(names: list[str], rounds: int, seed: int) -> dict[str, Any]:
                 steps[name] += 1
                 sleep(PACE_S)
     sleep(0.5)
+    meter.read()  # finds the helper processes settle() watches
+    settle(meter)
+    settled: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(rounds):
         order = [(n, w) for n in names for w in workloads]
         rng.shuffle(order)
@@ -365,6 +403,7 @@ def measure(names: list[str], rounds: int, seed: int) -> dict[str, Any]:
                 sleep(PACE_S)
             steps[name] = i
             sleep(PAUSE_S)
+            settled[name].append(settle(meter))
             cpu[(name, w)] += meter.read() - cpu0
     close_s: dict[str, float] = {}
     for name, c in contenders.items():
@@ -383,7 +422,8 @@ def measure(names: list[str], rounds: int, seed: int) -> dict[str, Any]:
                 "samples": xs,
             }
         )
-    return {"results": results, "setup_s": setup_s, "close_s": close_s}
+    settle_s = {name: summarize(xs) for name, xs in settled.items()}
+    return {"results": results, "setup_s": setup_s, "close_s": close_s, "settle_s": settle_s}
 
 
 def versions() -> dict[str, str]:
