@@ -42,7 +42,7 @@ from rlpulse.producer.reduce import (
     snapshot_rows,
     snapshot_value,
 )
-from rlpulse.producer.sender import Call, Done, Flush, Item, Sender, Wake
+from rlpulse.producer.sender import Call, CallerFirst, Done, Flush, Item, Sender, Wake
 from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.schemas.catalog import Catalog
@@ -138,6 +138,7 @@ class Producer:
         self.logs = logs
         self._queue: deque[Item] = deque()
         self._wake = Wake()
+        self._caller = CallerFirst()
         self._closed = False
         self._close_lock = threading.Lock()
         self._warned: set[str] = set()
@@ -177,6 +178,7 @@ class Producer:
             warn_once=self._warn_once,
             nvml=nvml if nvml is not None else NvmlSampler(role),
             buffers=self._buffers,
+            caller=self._caller,
         )
         self._sender.start()
         ref = weakref.ref(self)
@@ -198,7 +200,12 @@ class Producer:
         a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`. GPU tensors are
         snapshotted and reduced later by the sender thread (``rlpulse.producer.device``).
         """
-        self._log(data, step)
+        caller = self._caller
+        caller.enter()  # the sender waits meanwhile (CallerFirst)
+        try:
+            self._log(data, step)
+        finally:
+            caller.leave()
 
     def _log(
         self,

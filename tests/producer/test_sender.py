@@ -96,3 +96,55 @@ def test_the_caller_queues_named_items_in_order() -> None:
     assert call.payload is not None and set(call.payload) == {"x"}
     assert done == Done(3)
     p.close(timeout=0.1)
+
+
+def test_caller_first_waits_for_log_to_end_and_no_longer_than_it_may() -> None:
+    """The sender's wait for a ``log()`` in progress: over at once when none is, ends when
+    the call leaves, and ends at its bound when the call never does."""
+    import threading
+
+    from rlpulse.producer.sender import CallerFirst
+
+    gate = CallerFirst()
+    t0 = time.monotonic()
+    gate.wait(t0 + 5.0)
+    assert time.monotonic() - t0 < 0.5  # nobody inside log()
+    gate.enter()
+    ended: list[float] = []
+    waiter = threading.Thread(target=lambda: (gate.wait(time.monotonic() + 5.0), ended.append(1)))
+    waiter.start()
+    time.sleep(0.1)
+    assert not ended  # still inside log(): the sender waits
+    left = time.monotonic()
+    gate.leave()
+    waiter.join(2.0)
+    assert ended and time.monotonic() - left < 1.0
+    gate.enter()  # a call that never ends (a tight loop of calls, seen as one)
+    t0 = time.monotonic()
+    gate.wait(t0 + 0.05)
+    assert 0.05 <= time.monotonic() - t0 < 1.0
+
+
+def test_queued_calls_wait_while_log_runs_and_go_when_it_ends(monkeypatch) -> None:
+    """While a ``log()`` is in progress the sender encodes nothing (within its bound, here
+    raised to 5 s); once the call ends, what is queued goes out. With the default bound a
+    call that never ends cannot hold the sender back."""
+    import rlpulse.producer.sender as sender
+
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    assert until(lambda: "Hello" in kinds(t))
+    monkeypatch.setattr(sender, "YIELD_S", 5.0)
+    p._caller.enter()  # as log() does, around its work
+    p._log({"x": 1.0}, step=0)
+    time.sleep(0.3)
+    assert "Metrics" not in kinds(t)
+    p._caller.leave()
+    assert until(lambda: "Metrics" in kinds(t), timeout_s=2.0)
+    monkeypatch.setattr(sender, "YIELD_S", 0.002)
+    p._caller.enter()
+    p._log({"x": 2.0}, step=1)
+    assert until(lambda: kinds(t).count("Metrics") == 2, timeout_s=2.0)
+    p._caller.leave()
+    p.close(timeout=0.2)
