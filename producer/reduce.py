@@ -134,13 +134,14 @@ class Snapshot:
     (a mask may be shared by the snapshots of one call); ``nbytes`` what the copies hold
     (counted against ``snapshot_limit_bytes`` until reduced). Values copied together
     (:func:`snapshot_rows`) are row ``row`` of one array, ``rows``, which the sender reduces
-    as it is and gives back once."""
+    as it is and gives back once; their ``values`` is None (:meth:`samples` makes the row's
+    view when it is wanted: ``log()`` does not pay for one per name)."""
 
     __slots__ = ("mask", "nbytes", "row", "rows", "values")
 
     def __init__(
         self,
-        values: np.ndarray,
+        values: np.ndarray | None,
         mask: np.ndarray | None,
         rows: np.ndarray | None = None,
         row: int = 0,
@@ -148,23 +149,35 @@ class Snapshot:
     ) -> None:
         self.values = values
         self.mask = mask
-        self.nbytes = (
-            values.nbytes + (0 if mask is None else mask.nbytes) if nbytes is None else nbytes
-        )
+        if nbytes is None:
+            assert values is not None, "a row of rows says what it holds"
+            nbytes = values.nbytes + (0 if mask is None else mask.nbytes)
+        self.nbytes = nbytes
         self.rows = rows
         self.row = row
 
+    def samples(self) -> np.ndarray:
+        """The copied samples: ``values``, or row ``row`` of ``rows``."""
+        if self.values is not None:
+            return self.values
+        assert self.rows is not None, "a snapshot holds values or is a row of rows"
+        return self.rows[self.row]
+
     def reduce(self) -> Reduced | tuple:
         """The exact state of the selected samples (raises :class:`InvalidValue`)."""
-        return _numpy(self.values, self.mask)
+        return _numpy(self.samples(), self.mask)
 
 
-POOL_IDLE_BYTES = 1 << 20
-"""Idle copy buffers :class:`Buffers` keeps per shape and dtype, at most."""
-POOL_SHAPES = 64
+POOL_IDLE_BYTES = 4 << 20
+"""Idle copy buffers :class:`Buffers` keeps per shape and dtype, at most: a sender cycle
+(``sender.CYCLE_S``) may gather several calls' copies before it gives them back, and with 1 MiB
+(three 20 x 4,096 float32 tensor steps) one call in 25 of the caller-cost benchmark copied
+into fresh memory (80 page faults, about 200 µs); with 4 MiB one in 40, mostly at start."""
+POOL_SHAPES = 16
 """Shapes and dtypes :class:`Buffers` keeps buffers for, at most, the least recently given
 back dropped first: per-token tensors change length from step to step, and a pool that
-kept only the first 64 lengths it saw never reused a buffer of a later one."""
+kept only the first lengths it saw never reused a buffer of a later one. Idle buffers are
+bounded by ``POOL_SHAPES * POOL_IDLE_BYTES`` (64 MiB) in all."""
 
 
 class Buffers:
@@ -190,7 +203,27 @@ class Buffers:
     def empty(self, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarray:
         """An array of ``dtype`` and ``shape`` to copy into."""
         buf = self._pop(dtype.str, shape[0] * shape[1])
-        return np.empty(shape, dtype) if buf is None else buf.reshape(shape)
+        if buf is None:
+            return np.empty(shape, dtype)
+        return buf if buf.shape == shape else buf.reshape(shape)
+
+    def tensor_rows(self, torch: Any, dtype: np.dtype, like: Any, n: int) -> tuple[np.ndarray, Any]:
+        """An ``(n, like.numel())`` array of ``dtype`` (numpy's for ``like.dtype``) and a tensor
+        over the same memory shaped ``(n, *like.shape)`` to copy ``n`` tensors like ``like``
+        into. A buffer made here is a tensor's numpy view, so the tensor comes back with it
+        (``base``): reusing one costs no ``from_numpy``, and no ``view`` for flat rows."""
+        size = like.numel()
+        buf = self._pop(dtype.str, n * size)
+        out = None if buf is None else buf.base
+        if type(out) is not torch.Tensor or out.dtype is not like.dtype:
+            out = torch.empty((n, size), dtype=like.dtype)
+            buf = out.numpy()
+        elif buf.shape != (n, size):  # the same size, other rows: a view of the same memory
+            out = out.view(n, size)
+            buf = out.numpy()
+        if like.dim() != 1:
+            out = out.view(n, *like.shape)
+        return buf, out
 
     def _pop(self, dtype: str, size: int) -> np.ndarray | None:
         free = self._free.get((dtype, size))
@@ -222,9 +255,13 @@ def reduce_snapshots(snaps: list[Snapshot]) -> list[Any]:
     where one per tensor held it for dozens (the training thread waits for the GIL meanwhile).
     Rows with a non-finite sum are reduced one by one, to count what they hold."""
     out: list[Any] = [None] * len(snaps)
-    groups: dict[tuple[str, int, int], list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, snap in enumerate(snaps):
-        if type(snap) is Snapshot and snap.values.dtype.kind in "biuf":
+        if type(snap) is not Snapshot:
+            out[i] = _reduce_one(snap)
+        elif snap.rows is not None:  # copied together: one array already
+            groups.setdefault((id(snap.rows),), []).append(i)
+        elif snap.values is not None and snap.values.dtype.kind in "biuf":
             key = (snap.values.dtype.str, snap.values.size, id(snap.mask))
             groups.setdefault(key, []).append(i)
         else:
@@ -236,7 +273,7 @@ def reduce_snapshots(snaps: list[Snapshot]) -> list[Any]:
         first = snaps[members[0]]
         rows = first.rows
         if not _copied_together(snaps, members, rows):
-            rows = np.stack([snaps[i].values for i in members])
+            rows = np.stack([snaps[i].samples() for i in members])
         if first.mask is not None:
             mask = first.mask if first.mask.dtype == np.bool_ else first.mask.astype(bool)
             rows = np.compress(mask, rows, axis=1)
@@ -332,7 +369,7 @@ def row_key(value: Any) -> tuple | None:
     if type(arr) is np.ndarray:
         return (id(mask), np.ndarray, arr.dtype, arr.shape)
     if _is_tensor(arr):
-        return (id(mask), type(arr), arr.dtype, arr.shape, arr.device)
+        return (id(mask), type(arr), arr.dtype, arr.shape, arr.is_cpu)  # only CPU rows go
     return None
 
 
@@ -356,7 +393,7 @@ def snapshot_rows(
     torch = None
     if type(head) is np.ndarray:
         dtype = head.dtype
-    elif head.device.type == "cpu" and head.dim() > 0 and head.layout is _torch().strided:
+    elif head.is_cpu and head.dim() > 0 and head.layout is _torch().strided:
         dtype = _NUMPY_DTYPES.get(head.dtype)
         if dtype is None:
             view = _numpy_view(head[:0])
@@ -379,18 +416,22 @@ def snapshot_rows(
             m = masks[id(mask)] = view.copy() if buffers is None else buffers.take(view)
         if m.size != size:
             return None
-    rows = np.empty((n, size), dtype) if buffers is None else buffers.empty(dtype, (n, size))
     arrays = [v.values for v in values] if mask is not None else values
     if torch is None:
+        rows = np.empty((n, size), dtype) if buffers is None else buffers.empty(dtype, (n, size))
         np.stack(arrays, out=rows.reshape((n, *head.shape)))
     else:
-        out = torch.from_numpy(rows).view(n, *head.shape)
+        if buffers is None:
+            rows = np.empty((n, size), dtype)
+            out = torch.from_numpy(rows).view(n, *head.shape)
+        else:
+            rows, out = buffers.tensor_rows(torch, dtype, head, n)
         try:
             torch.stack(arrays, out=out)
         except RuntimeError:  # a tensor that requires grad (no_grad costs every call µs)
             with torch.no_grad():
                 torch.stack(arrays, out=out)
-    snaps = [Snapshot(row, m, rows, k, 0) for k, row in enumerate(rows)]
+    snaps = [Snapshot(None, m, rows, k, 0) for k in range(n)]
     snaps[0].nbytes = rows.nbytes + (0 if m is None else m.nbytes)
     return snaps
 
@@ -414,7 +455,7 @@ def _numpy(values: Any, mask: Any | None) -> Reduced:
 def _numpy_view(tensor: Any) -> np.ndarray | None:
     """A zero-copy numpy view of a CPU tensor; None for dtypes numpy lacks (bfloat16)."""
     try:
-        return tensor.detach().numpy()
+        return (tensor.detach() if tensor.requires_grad else tensor).numpy()
     except (TypeError, RuntimeError):
         return None
 

@@ -153,6 +153,32 @@ def test_buffers_keep_the_shapes_given_back_most_recently() -> None:
     assert 2 in kept and 3 not in kept
 
 
+def test_torch_rows_come_back_with_their_tensor() -> None:
+    """A buffer for a call's tensors is a tensor's memory: given back and taken again for
+    tensors of the same dtype and size, the same memory comes with its tensor (viewed as the
+    rows need), what is copied into the tensor is what the sender reads, and a buffer that is
+    no tensor's is replaced by one that is."""
+    pool = Buffers()
+    f32 = np.dtype(np.float32)
+    rows, out = pool.tensor_rows(torch, f32, torch.zeros(300), 4)
+    assert rows.shape == (4, 300) and tuple(out.shape) == (4, 300)
+    torch.stack([torch.full((300,), float(i)) for i in range(4)], out=out)
+    assert rows[:, 7].tolist() == [0.0, 1.0, 2.0, 3.0]
+    pool.give(rows)
+    again, out2 = pool.tensor_rows(torch, f32, torch.zeros(300), 4)
+    assert again is rows and out2.data_ptr() == out.data_ptr()
+    pool.give(again)
+    flat, grid = pool.tensor_rows(torch, f32, torch.zeros(2, 600), 1)  # same size, other rows
+    assert flat.shape == (1, 1200) and tuple(grid.shape) == (1, 2, 600)
+    assert np.shares_memory(flat, rows)
+    grid[0, 1, 0] = 5.0
+    assert flat[0, 600] == 5.0
+    pool.give(np.zeros(1200, np.float32))  # no tensor's memory
+    fresh, out4 = pool.tensor_rows(torch, f32, torch.zeros(1200), 1)
+    out4.fill_(2.0)
+    assert fresh.shape == (1, 1200) and float(fresh.sum()) == 2400.0
+
+
 def test_the_sender_gives_a_shared_mask_back_once(inbox) -> None:
     """20 values sharing one mask: the mask's buffer goes back to the pool once, so two
     later calls never copy into the same array."""
