@@ -368,7 +368,8 @@ def row_key(value: Any) -> tuple | None:
     arr, mask = (value.values, value.mask) if type(value) is Masked else (value, None)
     if type(arr) is np.ndarray:
         return (id(mask), np.ndarray, arr.dtype, arr.shape)
-    if _is_tensor(arr):
+    torch = sys.modules.get("torch")  # _is_tensor, inlined: once per tensor of every call
+    if torch is not None and isinstance(arr, torch.Tensor):
         return (id(mask), type(arr), arr.dtype, arr.shape, arr.is_cpu)  # only CPU rows go
     return None
 
