@@ -216,12 +216,23 @@ def section_caller(
         return out
     res = {(r["contender"], r["workload"]): r for r in cc["results"]}
     null_cpu = {w: res[("null", w)]["cpu_us_per_call"] for w in WORKLOADS if ("null", w) in res}
+    settle = cc.get("settle_s") or {}
+    waited = max((v["max"] for v in settle.values()), default=None)
+    quiet = (
+        f" Each block starts once the process is quiet again (its other threads and helpers under "
+        f"5% of a CPU over 20 ms; the longest wait for that in this run: {waited * 1e3:.0f} ms), so "
+        "no contender's background work runs into another's block; that wait's CPU is billed to "
+        "the block before it."
+        if waited is not None
+        else ""
+    )
     out += [
         f"{cc['rounds']} rounds x {cc['block']} calls per contender and step shape, interleaved in shuffled order, "
         f'{cc["pace_ms"]:.0f} ms of "training" between calls; {_load_line(cc)}. '
         "Ratios are the result; absolute times are context. *CPU/call* is the CPU of the whole training "
         "process (every thread, from the kernel's nanosecond clock) and its helper processes (wandb-core and "
-        "the like, in 10 ms ticks; not the collector) per call, above the `null` contender's baseline.",
+        "the like, in 10 ms ticks; not the collector) per call, above the `null` contender's baseline."
+        + quiet,
         "",
     ]
     for w, title in WORKLOADS.items():
@@ -773,17 +784,20 @@ def section_notes(
         )
     if t_r and missed("tensors", "p99"):
         out.append(
-            f"* **Tensor step p99** (median {_us(t_r['us']['median'])}): the tail is the caller "
-            "waiting for the GIL behind the sender thread's work on the previous calls (one stacked "
-            "reduction, the encoding) and the OS scheduling three busy threads (caller, sender, "
-            "collector) on 2 shared cores; the floor's tail, with no thread of its own, is "
-            f"{_us(t_f['us']['p99']) if t_f else 'n/a'} in this run. Timed inside the call (3,000 "
-            "calls, one run): the median call took 159 µs, 107 of them in the one torch.stack, "
-            "all on the CPU; the slowest 2% took 668 µs, 452 in the stack, of which only 264 on "
-            "the CPU. torch releases the GIL while it copies, and taking it back waits for the "
-            "sender thread's Python. Keeping 4 MiB of idle copy buffers instead of 1 MiB (no "
-            "fresh, page-faulting memory for five calls a cycle) changed nothing (p99 797-831 "
-            "against 815-988 µs). Meeting 300 µs needs the sender's work off the GIL: compiled, or in a helper process."
+            f"* **Tensor step p99** (median {_us(t_r['us']['median'])}; the floor's p99, with no "
+            f"thread of its own, {_us(t_f['us']['p99']) if t_f else 'n/a'}): the tail is now the "
+            "first call of a block, after 50 ms in which other contenders, the sender and the "
+            "collector ran: cold caches make it about 2.2x the median (320-385 µs in a probe "
+            "of 10 rounds, timed inside the call; an empty call's floor, one torch.stack and a "
+            "mask copy with no thread beside it, goes from 40 µs to 94-106 µs the same way). Off "
+            "the CPU it no longer waits: torch and numpy copies release the GIL, the sender "
+            "took it, and the slowest 2% of calls waited 1.2-1.9 ms for it back, until the "
+            "sender gave log() the right of way (CallerFirst: it waits while log() runs, at most "
+            "2 ms a cycle); in the same probe afterwards they took their time on the CPU "
+            "(0-0.4 ms off it). That and a cheaper copy took this p99 from 997 µs (the previous "
+            "run) to this run's figure. What is left is CPU in the caller: meeting 300 µs needs "
+            "a cold call under 300 µs, so about 20% less Python per call (row grouping, one "
+            "snapshot object per name, the mask copy) or a compiled snapshot."
         )
     s_cpu = res.get(("rlpulse", "scalars60"))
     if s_cpu and missed("CPU per log()"):
