@@ -318,23 +318,20 @@ class CpuMeter:
         # This process from the kernel's nanosecond clock (psutil's cpu_times counts 10 ms
         # ticks: +-10 ms a block, +-45 µs a call over a run, more than a send costs);
         # helper processes (wandb-core and the like) from psutil.
-        total = time.process_time()
         for child in self.me.children(recursive=True):
-            if child.pid in self.exclude:
-                continue
-            proc = self._children.setdefault(child.pid, child)
-            try:
-                ct = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += ct.user + ct.system
-        return total
+            if child.pid not in self.exclude:
+                self._children.setdefault(child.pid, child)
+        return time.process_time() + self._helpers()
 
     def background(self) -> float:
         """CPU seconds of this process's other threads and of the helpers seen by
         :meth:`read` (no scan for new ones: cheap enough to call every few ms; a helper's
         time comes in 10 ms ticks)."""
-        total = time.process_time() - time.thread_time()
+        return time.process_time() - time.thread_time() + self._helpers()
+
+    def _helpers(self) -> float:
+        """CPU seconds of the helper processes found so far (one that ended counts no more)."""
+        total = 0.0
         for proc in self._children.values():
             try:
                 ct = proc.cpu_times()

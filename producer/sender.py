@@ -86,8 +86,10 @@ class CallerFirst:
     of the GIL while they work; the sender thread takes it then, and ``log()`` gets it back
     only when the sender next lets go (a socket call, a sleep) or after the interpreter's
     switch interval (5 ms). So while ``log()`` runs (:meth:`enter`, :meth:`leave`), the
-    sender waits between calls it encodes (:meth:`wait`): in the caller-cost benchmark the
-    slowest 2% of tensor steps waited 1.2-1.9 ms off the CPU without this, 0-0.4 ms with it.
+    sender waits between calls it encodes (:meth:`wait`): in a caller-cost probe the slowest
+    2% of tensor steps waited 1.2-1.9 ms off the CPU without this; with it most ran on the
+    CPU throughout, and one or two calls a run still waited 0.5-1.3 ms (a sender unit already
+    under way when ``log()`` began, or the OS scheduling three busy threads on 2 cores).
     The wait is bounded (:data:`YIELD_S` a cycle), so ``log()`` in a tight loop cannot
     starve the sender. ``leave`` wakes a waiting sender (one ``SimpleQueue`` token); a token
     left over from a race makes one early, harmless wake-up.
@@ -421,8 +423,7 @@ class Sender(threading.Thread):
                 if ready is None:
                     break
                 waiting.popleft()
-                if self.caller.busy:
-                    self.caller.wait(self._yield_until)
+                self.caller.wait(self._yield_until)
                 encoded = self._encode(ready)
                 if encoded is not None:
                     entry, nbytes = encoded
@@ -579,8 +580,7 @@ class Sender(threading.Thread):
 
     def _cycle(self) -> None:
         self._yield_until = time.monotonic() + YIELD_S
-        if self.caller.busy:
-            self.caller.wait(self._yield_until)
+        self.caller.wait(self._yield_until)
         self._watch()
         self._read_acks()
         self._register()
