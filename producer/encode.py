@@ -9,8 +9,8 @@ Names travel once: each distinct list of names an entry carries becomes a number
 (:attr:`Encoder.tables`), declared in the producer's hello, and entries refer to it by number.
 A training loop logs the same names step after step, so a run needs a handful of tables.
 That also gives the common call its fast path: the same names as a call before, every value
-a finite number, none a distribution's: one numpy pass builds its rows (a loop over names
-cost about 1.3 µs each in the sender thread).
+a finite number, none a distribution's: a few ``array`` slice copies build its rows (a
+loop over names cost about 1.3 µs each in the sender thread).
 
 The collector's limits are applied here, before anything is sent (``DEFAULT_LIMITS``): a
 collector refuses a table with a name too long or too many names, so such names are dropped
@@ -227,24 +227,39 @@ class Encoder:
 
 
 def _plain_entry(step: int, t: float, table: int, payload: Mapping[Any, Any]) -> tuple | None:
-    """The entry of a call whose values are all finite numbers, one sample each, in one
-    numpy pass; None when one is not (the caller takes the general path)."""
+    """The entry of a call whose values are all finite numbers, one sample each, built by a
+    few ``array`` slice copies into a template of its rows; None when a value is not such a
+    number (the caller takes the general path, which says why).
+
+    numpy did the same in one pass, as fast warm, but a sender thread that has just woken
+    from its sleep runs it cold, and there numpy's machinery cost twice the array module's:
+    median 79-159 µs against 44-75 µs for 60 values, 5-20 ms after a sleep, on this machine
+    (warm: 8-11 against 5.5 µs)."""
     values = list(payload.values())
     for v in values:
         if type(v) not in _NUMBER:
             return None
     try:
-        x = np.array(values, dtype=np.float64)
-    except OverflowError:  # an int beyond float64: the general path says so
+        col = array.array("d", values)
+    except OverflowError:  # an int beyond float64
         return None
-    if not math.isfinite(float(x.sum())):  # a non-finite value (or an overflow): counted there
+    if not math.isfinite(sum(col)):  # a non-finite value (or a sum that overflows)
         return None
-    rows = np.empty((x.size, 4), dtype="<f8")
-    rows[:, 0] = x
-    rows[:, 1] = 1.0
-    rows[:, 2] = x
-    rows[:, 3] = x
+    template = _ROW_TEMPLATES.get(len(col))
+    if template is None:
+        template = _ROW_TEMPLATES[len(col)] = array.array("d", (0.0, 1.0, 0.0, 0.0)) * len(col)
+    rows = array.array("d", template)  # per name: sum = x, weight 1, min = x, max = x
+    rows[0::4] = col
+    rows[2::4] = col
+    rows[3::4] = col
+    if _BIG_ENDIAN:
+        rows.byteswap()
     return protocol.pack_entry(step, t, table, rows.tobytes(), {}, {})
+
+
+_ROW_TEMPLATES: dict[int, array.array] = {}
+"""The rows of ``n`` one-sample summaries before their values are filled in, by ``n`` (at
+most one per length of a table: ``DEFAULT_LIMITS.max_names``)."""
 
 
 def _encodable(name: str) -> bool:

@@ -40,3 +40,18 @@ def test_a_distribution_name_never_takes_the_fast_path() -> None:
     first = e.entry(0, 0.0, payload)
     assert not e._plain and first is not None
     assert e.entry(1, 0.0, payload)[-1]  # its sketch rides along every time
+
+
+def test_edge_numbers_encode_as_the_general_path_does() -> None:
+    """Signed zeros, ints beyond 2**53, subnormals and finite values whose sum overflows
+    (the fast path then gives the call to the general path) come out byte for byte alike."""
+    for values in (
+        [-0.0, 0.0, 2**60 + 1, -(2**53) - 1],
+        [5e-324, -5e-324, 1.7976931348623157e308],
+        [1e308, 1e308, -1.0],
+    ):
+        payload = {f"a/v{i}": v for i, v in enumerate(values)}
+        fast, general = encoder(), encoder()
+        fast.entry(0, 0.0, payload)
+        assert fast.entry(1, 2.0, payload) == general.entry(1, 2.0, payload), values
+        assert fast.counters.invalid == fast.counters.nonfinite == 0
