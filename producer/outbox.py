@@ -6,7 +6,8 @@ message (``metrics``, ``done``, ``bye``) gets the next sequence number and stays
 *unacked* buffer until the collector acknowledges it (cumulatively, once it is in its
 write-ahead log). Everything unacknowledged is resent, in order, after a reconnection or when
 acknowledgements stall for ``resend_s``. When the buffer is full, new messages are refused
-and the sender counts them (``dropped_buffer_full``), never silently.
+and the sender counts them (``dropped_buffer_full``), never silently; the bye alone is
+kept past the bound.
 
 Registration: on each connection the hello goes out before any data, and is repeated every
 ``HELLO_RETRY_S`` until the collector answers (any ``ack``): right after a TCP connection is
@@ -66,9 +67,13 @@ class Outbox:
 
     # ------------------------------------------------------------------ numbering
 
-    def add(self, encode: Callable[[int], bytes], entries: int) -> bool:
-        """Number a message and keep it until acknowledged; False when the buffer is full."""
-        if len(self._unacked) >= self.max_messages or self._unacked_bytes >= self.max_bytes:
+    def add(self, encode: Callable[[int], bytes], entries: int, *, bounded: bool = True) -> bool:
+        """Number a message and keep it until acknowledged; False when the buffer is full.
+        ``bounded=False``: kept past the bound (the bye: one small message, and the only one
+        that tells the collector this producer's last step is done)."""
+        if bounded and (
+            len(self._unacked) >= self.max_messages or self._unacked_bytes >= self.max_bytes
+        ):
             return False
         item = Outgoing(self.next_seq, encode(self.next_seq), entries)
         self.next_seq += 1

@@ -382,9 +382,9 @@ class Sender(threading.Thread):
                 "RLPULSE_RESUME=1, to continue the run instead)",
             )
 
-    def _enqueue(self, encode: Callable[[int], bytes], entries: int) -> None:
+    def _enqueue(self, encode: Callable[[int], bytes], entries: int, bounded: bool = True) -> None:
         try:
-            added = self.outbox.add(encode, entries)
+            added = self.outbox.add(encode, entries, bounded=bounded)
         except Exception as exc:  # a value the wire cannot carry must not end this thread
             self.counters.errors += max(entries, 1)
             self.warn_once(
@@ -634,7 +634,10 @@ class Sender(threading.Thread):
             self._drain()
             # Keep a share of the time for the goodbye, even if the GPU never catches up.
             self._wait_for_gpu(deadline - min(0.5, self._close_timeout_s / 4))
-            self._enqueue(lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0)
+            # Past a full buffer: without the bye the collector would wait for our last step.
+            self._enqueue(
+                lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0, False
+            )
             self._finish(deadline)
         except Exception as exc:  # the thread must end cleanly, whatever happened
             self.counters.errors += 1

@@ -115,6 +115,28 @@ def test_unreachable_collector_buffers_up_to_the_bound_then_counts_drops() -> No
     assert p.stats()["dropped_send"] == 20  # still unacknowledged at close: counted too
 
 
+def test_the_bye_goes_out_even_when_the_buffer_is_full(inbox) -> None:
+    """A full unacked buffer refuses new data (counted), never the bye: without it the
+    collector would not know this rank is done, and its last step would wait out the grace
+    period (or, with ``state_dir``, stay open after the collector stops)."""
+    inbox.acking = False
+    p = Producer(
+        inbox.address,
+        run="r",
+        role="a",
+        config=ProducerConfig(max_unacked=3, resend_s=0.2, close_timeout_s=5),
+    )
+    for step in range(5):
+        p.log({"x": float(step)}, step=step)
+        p.flush(0.05)  # nobody acknowledges: every call is its own message
+    assert p.stats()["unacked"] == 3 and p.stats()["dropped_buffer_full"] == 2
+    inbox.acking = True
+    p.close()
+    msgs = inbox.receive(timeout_s=5.0, until=has_bye)
+    assert has_bye(msgs) and {e.step for e in entries(msgs)} == {0, 1, 2}  # resent too
+    assert p.stats()["dropped_buffer_full"] == 2 and p.stats()["dropped_send"] == 0
+
+
 def test_unacknowledged_messages_are_resent_and_acks_release_them(inbox) -> None:
     inbox.acking = False
     p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(resend_s=0.2))
