@@ -38,6 +38,7 @@ from rlpulse.producer.reduce import (
     Buffers,
     InvalidValue,
     Snapshot,
+    alike,
     row_key,
     snapshot_rows,
     snapshot_value,
@@ -283,19 +284,25 @@ class Producer:
         reduced by the sender, bounded in bytes."""
         masks: dict[int, Any] = {}
         room = self._copy_limit - (self._copied - self._sender.released_bytes)
+        groups = None
+        if len(names) > 1 and self._dists.isdisjoint(names):
+            values = [payload[name] for name in names]
+            if alike(values):  # the common call: no key per value to group by
+                rows = snapshot_rows(names, values, masks, room, self._buffers)
+                if rows is not None:
+                    payload.update(dict.fromkeys(names, rows))
+                    return rows.nbytes
+                groups = {None: names}  # cannot be copied together: one by one
+        if groups is None:
+            groups = self._alike(payload, names)
         copied = 0
-        alike: dict[tuple | None, list[str]] = {}
-        for name in names:
-            key = None if name in self._dists else row_key(payload[name])
-            alike.setdefault(key, []).append(name)
-        for key, group in alike.items():
+        for key, group in groups.items():
             if key is not None and len(group) > 1:
-                values = [payload[name] for name in group]
-                snaps = snapshot_rows(values, masks, room, self._buffers)
-                if snaps is not None:
-                    payload.update(zip(group, snaps, strict=True))
-                    copied += snaps[0].nbytes
-                    room -= snaps[0].nbytes
+                rows = snapshot_rows(group, [payload[n] for n in group], masks, room, self._buffers)
+                if rows is not None:
+                    payload.update(dict.fromkeys(group, rows))
+                    copied += rows.nbytes
+                    room -= rows.nbytes
                     continue
             for name in group:
                 try:
@@ -312,6 +319,15 @@ class Producer:
                     room -= snap.nbytes
                 payload[name] = snap
         return copied
+
+    def _alike(self, payload: dict, names: list[str]) -> dict[tuple | None, list[str]]:
+        """``names`` grouped by what lets their values be copied together
+        (``rlpulse.producer.reduce.row_key``; None: copied one by one)."""
+        groups: dict[tuple | None, list[str]] = {}
+        for name in names:
+            key = None if name in self._dists else row_key(payload[name])
+            groups.setdefault(key, []).append(name)
+        return groups
 
     def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
         payload[name] = INVALID

@@ -6,7 +6,7 @@ copied in the caller (:func:`snapshot_value`, a few µs) and reduced by the send
 (:meth:`Snapshot.reduce`, tens of µs for a few thousand samples): the training thread pays
 for a copy, not for the reduction, and may change its arrays right after ``log()``. A call's
 alike arrays (per-token tensors sharing a response mask) are copied together, in one call into
-one array (:func:`snapshot_rows`), and reduced together. Smaller
+one array (:func:`snapshot_rows`, a :class:`Rows`), and reduced together. Smaller
 ones, and any beyond the producer's ``snapshot_limit_bytes`` of copies not yet reduced, are
 reduced at once. Tensors on a GPU are handed to ``rlpulse.producer.device``: the caller only
 snapshots them, and the sender thread reduces them later, so ``log()`` never waits for the
@@ -132,40 +132,42 @@ class Snapshot:
     """Samples copied in ``log()``, reduced later by the sender thread (:meth:`reduce`):
     ``values`` and ``mask`` (or None) are the producer's own copies, flat, of the same size
     (a mask may be shared by the snapshots of one call); ``nbytes`` what the copies hold
-    (counted against ``snapshot_limit_bytes`` until reduced). Values copied together
-    (:func:`snapshot_rows`) are row ``row`` of one array, ``rows``, which the sender reduces
-    as it is and gives back once; their ``values`` is None (:meth:`samples` makes the row's
-    view when it is wanted: ``log()`` does not pay for one per name)."""
+    (counted against ``snapshot_limit_bytes`` until reduced)."""
 
-    __slots__ = ("mask", "nbytes", "row", "rows", "values")
+    __slots__ = ("mask", "nbytes", "values")
 
-    def __init__(
-        self,
-        values: np.ndarray | None,
-        mask: np.ndarray | None,
-        rows: np.ndarray | None = None,
-        row: int = 0,
-        nbytes: int | None = None,
-    ) -> None:
+    def __init__(self, values: np.ndarray, mask: np.ndarray | None) -> None:
         self.values = values
         self.mask = mask
-        if nbytes is None:
-            assert values is not None, "a row of rows says what it holds"
-            nbytes = values.nbytes + (0 if mask is None else mask.nbytes)
-        self.nbytes = nbytes
-        self.rows = rows
-        self.row = row
-
-    def samples(self) -> np.ndarray:
-        """The copied samples: ``values``, or row ``row`` of ``rows``."""
-        if self.values is not None:
-            return self.values
-        assert self.rows is not None, "a snapshot holds values or is a row of rows"
-        return self.rows[self.row]
+        self.nbytes = values.nbytes + (0 if mask is None else mask.nbytes)
 
     def reduce(self) -> Reduced | tuple:
         """The exact state of the selected samples (raises :class:`InvalidValue`)."""
-        return _numpy(self.samples(), self.mask)
+        return _numpy(self.values, self.mask)
+
+
+class Rows:
+    """Alike host arrays of one call, copied together in ``log()`` (:func:`snapshot_rows`):
+    row ``k`` of ``values`` (one row per name, flat) holds the samples of ``names[k]``, and
+    ``mask`` (flat, or None) selects in every row. The payload holds this one object under
+    each of its names, so ``log()`` makes no object per name; the sender reduces it once
+    (:meth:`reduce`) and gives ``values`` back once. ``nbytes``: what the copies hold."""
+
+    __slots__ = ("mask", "names", "nbytes", "values")
+
+    def __init__(self, names: list[str], values: np.ndarray, mask: np.ndarray | None) -> None:
+        self.names = names
+        self.values = values
+        self.mask = mask
+        self.nbytes = values.nbytes + (0 if mask is None else mask.nbytes)
+
+    def reduce(self) -> list[Any]:
+        """The exact state of each row, in ``names`` order (an exception in place of the
+        state of a row that could not be reduced)."""
+        try:
+            return _reduce_block(self.values, self.mask)
+        except Exception as exc:  # the caller counts it per name; the call's others still go
+            return [exc] * len(self.names)
 
 
 POOL_IDLE_BYTES = 4 << 20
@@ -249,19 +251,14 @@ class Buffers:
 
 
 def reduce_snapshots(snaps: list[Snapshot]) -> list[Any]:
-    """Every snapshot's :meth:`Snapshot.reduce` (or the exception it raised), plain
-    snapshots of one shape, dtype and mask reduced together: a call's per-token tensors
-    share their response mask, and one stacked reduction holds the GIL for a few numpy calls
-    where one per tensor held it for dozens (the training thread waits for the GIL meanwhile).
-    Rows with a non-finite sum are reduced one by one, to count what they hold."""
+    """Every snapshot's :meth:`Snapshot.reduce` (or the exception it raised), snapshots of
+    one shape, dtype and mask reduced together (:func:`_reduce_block`): one stacked
+    reduction holds the GIL for a few numpy calls where one per array held it for dozens
+    (the training thread waits for the GIL meanwhile)."""
     out: list[Any] = [None] * len(snaps)
     groups: dict[tuple, list[int]] = {}
     for i, snap in enumerate(snaps):
-        if type(snap) is not Snapshot:
-            out[i] = _reduce_one(snap)
-        elif snap.rows is not None:  # copied together: one array already
-            groups.setdefault((id(snap.rows),), []).append(i)
-        elif snap.values is not None and snap.values.dtype.kind in "biuf":
+        if type(snap) is Snapshot and snap.values.dtype.kind in "biuf":
             key = (snap.values.dtype.str, snap.values.size, id(snap.mask))
             groups.setdefault(key, []).append(i)
         else:
@@ -270,33 +267,33 @@ def reduce_snapshots(snaps: list[Snapshot]) -> list[Any]:
         if len(members) == 1:
             out[members[0]] = _reduce_one(snaps[members[0]])
             continue
-        first = snaps[members[0]]
-        rows = first.rows
-        if not _copied_together(snaps, members, rows):
-            rows = np.stack([snaps[i].samples() for i in members])
-        if first.mask is not None:
-            mask = first.mask if first.mask.dtype == np.bool_ else first.mask.astype(bool)
-            rows = np.compress(mask, rows, axis=1)
-        if rows.shape[1] == 0:
-            for i in members:
-                out[i] = NOTHING
-            continue
-        sums = rows.sum(axis=1, dtype=np.float64).tolist()
-        lows, highs = rows.min(axis=1).tolist(), rows.max(axis=1).tolist()
-        weight = float(rows.shape[1])
-        for k, i in enumerate(members):
-            if math.isfinite(sums[k]):  # then every sample of the row is finite
-                out[i] = finish(sums[k], weight, lows[k], highs[k], 0)
-            else:
-                out[i] = _reduce_one(snaps[i])
+        rows = np.stack([snaps[i].values for i in members])
+        try:
+            states = _reduce_block(rows, snaps[members[0]].mask)
+        except Exception:  # each alone, to tell which one fails
+            states = [_reduce_one(snaps[i]) for i in members]
+        for i, state in zip(members, states, strict=True):
+            out[i] = state
     return out
 
 
-def _copied_together(snaps: list[Snapshot], members: list[int], rows: Any) -> bool:
-    """Whether ``members`` are the rows of ``rows``, in order (:func:`snapshot_rows`)."""
-    if rows is None or rows.shape[0] != len(members):
-        return False
-    return all(snaps[i].rows is rows and snaps[i].row == k for k, i in enumerate(members))
+def _reduce_block(rows: np.ndarray, mask: np.ndarray | None) -> list[Any]:
+    """The exact state of each row of the 2-D ``rows`` where ``mask`` selects: a sum, a
+    min and a max per row in one numpy call each. A row whose sum is not finite holds a
+    non-finite sample (or overflows) and is reduced alone (:func:`_numpy`), to count them."""
+    if mask is not None:
+        rows = np.compress(mask if mask.dtype == np.bool_ else mask.astype(bool), rows, axis=1)
+    if rows.shape[1] == 0:
+        return [NOTHING] * rows.shape[0]
+    sums = rows.sum(axis=1, dtype=np.float64).tolist()
+    lows, highs = rows.min(axis=1).tolist(), rows.max(axis=1).tolist()
+    weight = float(rows.shape[1])
+    return [
+        finish(total, weight, lows[k], highs[k], 0)
+        if math.isfinite(total)  # then every sample of the row is finite
+        else _numpy(rows[k], None)
+        for k, total in enumerate(sums)
+    ]
 
 
 def _reduce_one(snap: Snapshot) -> Any:
@@ -308,13 +305,21 @@ def _reduce_one(snap: Snapshot) -> Any:
 
 def _host_array(values: Any) -> np.ndarray | None:
     """A flat numpy view of host ``values`` (a numpy array or a CPU tensor), or None for
-    anything else (numbers, lists, tensors numpy cannot view or not on the CPU)."""
+    anything else (numbers, lists, tensors numpy cannot view or not on the CPU). Flat
+    already: the view itself (no reshape: in ``log()`` every numpy call counts)."""
     if isinstance(values, np.ndarray):
-        return values.reshape(-1) if values.dtype.kind in "biuf" else None
-    if _is_tensor(values) and values.device.type == "cpu" and values.layout is _torch().strided:
-        view = _numpy_view(values)
-        return None if view is None else view.reshape(-1)
-    return None
+        if values.dtype.kind not in "biuf":
+            return None
+        return values if values.ndim == 1 else values.reshape(-1)
+    torch = _torch()
+    if torch is None or not isinstance(values, torch.Tensor):
+        return None
+    if not values.is_cpu or values.layout is not torch.strided:
+        return None
+    view = _numpy_view(values)
+    if view is None or view.ndim == 1:
+        return view
+    return view.reshape(-1)
 
 
 def snapshot_value(
@@ -374,15 +379,40 @@ def row_key(value: Any) -> tuple | None:
     return None
 
 
+def alike(values: list[Any]) -> bool:
+    """Whether ``values`` all share one :func:`row_key` (not None): the common call, whose
+    per-token tensors share a mask, a dtype and a shape. Checked in one loop of attribute
+    reads, without building a key per value."""
+    first = values[0]
+    if row_key(first) is None:
+        return False
+    masked = type(first) is Masked
+    mask = first.mask if masked else None
+    head = first.values if masked else first
+    kind, dtype, shape = type(head), head.dtype, head.shape
+    cpu = kind is np.ndarray or head.is_cpu
+    for value in values:
+        if masked:
+            if type(value) is not Masked or value.mask is not mask:
+                return False
+            value = value.values
+        if type(value) is not kind or value.dtype != dtype or value.shape != shape:
+            return False
+        if kind is not np.ndarray and value.is_cpu is not cpu:
+            return False
+    return True
+
+
 def snapshot_rows(
+    names: list[str],
     values: list[Any],
     masks: dict[int, np.ndarray],
     room: float,
     buffers: Buffers | None = None,
     least: int = COPY_MIN,
-) -> list[Snapshot] | None:
-    """In ``log()``: :class:`Snapshot` s of ``values``, which share one :func:`row_key`,
-    copied together, in one call into one array (a call's per-token tensors: one
+) -> Rows | None:
+    """In ``log()``: the :class:`Rows` of ``values`` (those of ``names``), which share one
+    :func:`row_key`, copied in one call into one array (a call's per-token tensors: one
     ``torch.stack``, about 1 µs a tensor, where :func:`snapshot_value` pays 6-8 µs of
     Python for each). None unless they are host arrays of a dtype numpy holds, of at least
     ``least`` samples each, whose copies fit in ``room`` bytes, with a mask of their size
@@ -432,9 +462,7 @@ def snapshot_rows(
         except RuntimeError:  # a tensor that requires grad (no_grad costs every call µs)
             with torch.no_grad():
                 torch.stack(arrays, out=out)
-    snaps = [Snapshot(None, m, rows, k, 0) for k in range(n)]
-    snaps[0].nbytes = rows.nbytes + (0 if m is None else m.nbytes)
-    return snaps
+    return Rows(names, rows, m)
 
 
 def _numpy(values: Any, mask: Any | None) -> Reduced:

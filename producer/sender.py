@@ -31,7 +31,7 @@ from rlpulse.producer.deferred import Pending
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.reduce import Buffers, Snapshot, reduce_snapshots
+from rlpulse.producer.reduce import Buffers, Rows, Snapshot, reduce_snapshots
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -491,27 +491,42 @@ class Sender(threading.Thread):
 
     def _reduce_copies(self, payload: dict, copied: int) -> None:
         """Reduce (and sketch) the host samples ``log()`` copied
-        (``rlpulse.producer.reduce.Snapshot``), and release their ``copied`` bytes."""
-        names = [name for name, value in payload.items() if isinstance(value, Snapshot)]
-        snaps = [payload[name] for name in names]
-        masks: dict[int, Any] = {}
-        for name, snap, result in zip(names, snaps, reduce_snapshots(snaps), strict=True):
-            if isinstance(result, Exception):  # counted; the call's other values still go
-                payload[name] = INVALID
-                self.counters.invalid += 1
-                self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({result!r})")
-            else:
-                payload[name] = result
-            if self.buffers is not None:
-                if snap.rows is None:
-                    self.buffers.give(snap.samples())
-                elif snap.row == 0:  # copied together: one array, given once
-                    self.buffers.give(snap.rows)
-                if snap.mask is not None:  # shared by the call's values: given once
-                    masks[id(snap.mask)] = snap.mask
-        for mask in masks.values():
-            self.buffers.give(mask)  # type: ignore[union-attr]
+        (``rlpulse.producer.reduce.Snapshot`` and ``Rows``), give their arrays back, and
+        release their ``copied`` bytes."""
+        names: list[str] = []
+        snaps: list[Snapshot] = []
+        blocks: dict[int, Rows] = {}  # one object under each of its names: reduced once
+        for name, value in payload.items():
+            if type(value) is Rows:
+                blocks[id(value)] = value
+            elif isinstance(value, Snapshot):
+                names.append(name)
+                snaps.append(value)
+        copies: list[Snapshot | Rows] = [*snaps, *blocks.values()]
+        for name, result in zip(names, reduce_snapshots(snaps), strict=True):
+            self._place(payload, name, result)
+        for rows in blocks.values():
+            for name, result in zip(rows.names, rows.reduce(), strict=True):
+                self._place(payload, name, result)
+        if self.buffers is not None:
+            masks: dict[int, Any] = {}  # a call's mask is shared by its copies: given once
+            for copy in copies:
+                self.buffers.give(copy.values)
+                if copy.mask is not None:
+                    masks[id(copy.mask)] = copy.mask
+            for mask in masks.values():
+                self.buffers.give(mask)
         self.released_bytes += copied
+
+    def _place(self, payload: dict, name: str, result: Any) -> None:
+        """A copy's reduction into the payload; one that failed is counted, and the call's
+        other values still go."""
+        if isinstance(result, Exception):
+            payload[name] = INVALID
+            self.counters.invalid += 1
+            self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({result!r})")
+        else:
+            payload[name] = result
 
     def _encode(self, call: Call) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is

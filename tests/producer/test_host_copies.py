@@ -20,6 +20,7 @@ from rlpulse.producer.reduce import (
     Buffers,
     InvalidValue,
     Snapshot,
+    alike,
     reduce_snapshots,
     reduce_value,
     row_key,
@@ -265,24 +266,48 @@ def test_per_token_tensors_are_copied_together_and_reduced_as_alone(inbox, held_
 def test_snapshot_rows_shares_one_array_and_declines_what_it_cannot_copy() -> None:
     mask = np.ones(300, dtype=bool)
     values = [Masked(np.full(300, float(i)), mask) for i in range(3)]
-    assert len({row_key(v) for v in values}) == 1
+    names = ["a", "b", "c"]
+    assert len({row_key(v) for v in values}) == 1 and alike(values)
     masks: dict[int, np.ndarray] = {}
-    snaps = snapshot_rows(values, masks, room=1e9)
-    assert snaps is not None and all(s.rows is snaps[0].rows for s in snaps)
-    assert [s.row for s in snaps] == [0, 1, 2] and snaps[0].mask is masks[id(mask)]
-    assert sum(s.nbytes for s in snaps) == 3 * 300 * 8 + 300
-    assert reduce_snapshots(snaps) == [reduce_value(v) for v in values]
-    assert snapshot_rows(values, {}, room=3 * 300 * 8 - 1) is None  # does not fit
+    rows = snapshot_rows(names, values, masks, room=1e9)
+    assert rows is not None and rows.names == names and rows.values.shape == (3, 300)
+    assert rows.mask is masks[id(mask)] and rows.nbytes == 3 * 300 * 8 + 300
+    assert rows.reduce() == [reduce_value(v) for v in values]
+    assert snapshot_rows(names, values, {}, room=3 * 300 * 8 - 1) is None  # does not fit
     small = [np.ones(COPY_MIN - 1), np.ones(COPY_MIN - 1)]
-    assert snapshot_rows(small, {}, room=1e9) is None
+    assert snapshot_rows(names[:2], small, {}, room=1e9) is None
     graded = [torch.full((300,), float(i), requires_grad=True) for i in range(2)]
-    snaps = snapshot_rows(graded, {}, room=1e9)  # tensors of the graph: copied all the same
-    assert snaps is not None
-    assert reduce_snapshots(snaps) == [reduce_value(t.detach()) for t in graded]
+    rows = snapshot_rows(names[:2], graded, {}, room=1e9)  # of the graph: copied all the same
+    assert rows is not None
+    assert rows.reduce() == [reduce_value(t.detach()) for t in graded]
     sparse = [torch.ones(300).to_sparse(), torch.ones(300).to_sparse()]
-    assert snapshot_rows(sparse, {}, room=1e9) is None  # not strided: one by one
+    assert snapshot_rows(names[:2], sparse, {}, room=1e9) is None  # not strided: one by one
     wrong = [Masked(np.ones(300), np.ones(3, dtype=bool))] * 2
-    assert snapshot_rows(wrong, {}, room=1e9) is None  # named one by one by snapshot_value
+    assert snapshot_rows(names[:2], wrong, {}, room=1e9) is None  # named by snapshot_value
+
+
+def test_alike_is_one_row_key() -> None:
+    """``alike`` (the common call's check, no key per value) says what equal ``row_key`` s
+    say, for every kind of odd one out."""
+    mask, other_mask = torch.ones(300, dtype=torch.bool), torch.ones(300, dtype=torch.bool)
+    base = [Masked(torch.zeros(300), mask) for _ in range(3)]
+    odd = [
+        Masked(torch.zeros(300), other_mask),  # another mask object
+        Masked(torch.zeros(300, dtype=torch.float64), mask),  # another dtype
+        Masked(torch.zeros(3, 100), mask),  # another shape
+        Masked(np.zeros(300, dtype=np.float32), mask),  # another type
+        torch.zeros(300),  # not masked
+        Masked(torch.zeros(300).to(device="meta"), mask),  # not on the CPU
+        Masked([0.0] * 300, mask),  # not an array
+    ]
+    assert alike(base)
+    for value in odd:
+        for values in ([*base, value], [value, *base]):
+            assert alike(values) == (len({row_key(v) for v in values}) == 1), value
+            assert not alike(values)
+    plain = [np.zeros(300), np.ones(300)]
+    assert alike(plain) and not alike([*plain, np.zeros(300, dtype=np.float32)])
+    assert not alike([[0.0] * 300, [0.0] * 300])  # lists are never copied together
 
 
 def test_a_sparse_tensor_is_named_invalid_and_the_call_goes_on(inbox) -> None:
