@@ -605,18 +605,16 @@ class Sender(threading.Thread):
         if self.outbox.stalled(now):
             self.counters.resent_messages += self.outbox.resend_all(now)
         self._pump()
-        self._ask_for_acks(now)
-        self._read_acks()
+        if self.outbox.awaited or self._stopping.is_set():
+            self._ask_for_acks(now)
+            self._read_acks()  # what came meanwhile: a flush or close ends the sooner
+        # Otherwise acknowledgements wait for the next cycle's first read: one socket call
+        # fewer a cycle, and an ack is rarely back within the cycle that sent its message.
 
     def _ask_for_acks(self, now: float) -> None:
         """A flush or close waits: a heartbeat asking for the acknowledgement now."""
         box = self.outbox
-        if (
-            box.unacked
-            and (box.awaited or self._stopping.is_set())
-            and self._connected
-            and now >= self._next_ask
-        ):
+        if box.unacked and self._connected and now >= self._next_ask:
             self._next_ask = now + ASK_ACK_S
             self._heartbeat(flush=True)
 
