@@ -27,7 +27,8 @@ class ProducerConfig:
     * ``close_timeout_s``: how long ``close()`` waits for the collector's acknowledgements.
     * ``sndhwm``: messages ZeroMQ may queue on a live connection before sends are refused.
     * ``max_unacked``, ``max_unacked_bytes``: messages kept for resending until acknowledged;
-      beyond either, new ones are dropped and counted (``dropped_buffer_full``).
+      beyond either, new ones are dropped and counted (``dropped_buffer_full``); the bye at
+      ``close()`` alone goes past them, so the collector learns the last step is done.
     * ``resend_s``: acknowledgements stalled this long make the producer resend.
     * ``gpu_sample_s``: seconds between NVML readings of the GPUs; 0 turns GPU state off.
     * ``snapshot_limit_bytes``: memory held by snapshots the sender has not reduced yet, GPU
