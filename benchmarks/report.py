@@ -785,19 +785,24 @@ def section_notes(
     if t_r and missed("tensors", "p99"):
         out.append(
             f"* **Tensor step p99** (median {_us(t_r['us']['median'])}; the floor's p99, with no "
-            f"thread of its own, {_us(t_f['us']['p99']) if t_f else 'n/a'}): the tail is now the "
-            "first call of a block, after 50 ms in which other contenders, the sender and the "
-            "collector ran: cold caches make it about 2.2x the median (320-385 µs in a probe "
-            "of 10 rounds, timed inside the call; an empty call's floor, one torch.stack and a "
-            "mask copy with no thread beside it, goes from 40 µs to 94-106 µs the same way). Off "
-            "the CPU it no longer waits: torch and numpy copies release the GIL, the sender "
-            "took it, and the slowest 2% of calls waited 1.2-1.9 ms for it back, until the "
-            "sender gave log() the right of way (CallerFirst: it waits while log() runs, at most "
-            "2 ms a cycle); in the same probe afterwards they took their time on the CPU "
-            "(0-0.4 ms off it). That and a cheaper copy took this p99 from 997 µs (the previous "
-            "run) to this run's figure. What is left is CPU in the caller: meeting 300 µs needs "
-            "a cold call under 300 µs, so about 20% less Python per call (row grouping, one "
-            "snapshot object per name, the mask copy) or a compiled snapshot."
+            f"thread of its own, {_us(t_f['us']['p99']) if t_f else 'n/a'}): the tail is the "
+            "first call of each block of 50, 2% of the calls, after 50 ms in which other "
+            "contenders, the sender and the collector ran. In a probe of 10 rounds (timed "
+            "inside the call) those first calls' median was 354 µs, against 150 µs for the "
+            "rest, whose own p99 was 285 µs; the other slow calls were the copy pool growing "
+            "to its working set in the first rounds (a fresh 320 KB buffer, 80 page faults) and "
+            "one or two waiting for the GIL behind the sender. How cold a call after a pause "
+            "is on this machine: a bare torch.stack of the same 20 tensors takes 19 µs back to "
+            "back and 174-216 µs after a 20 ms sleep, so the copy that exactness needs (the "
+            "caller may change its tensors right after log()) is most of a cold call. What "
+            "this p99 took: the sender's right of way while log() runs (CallerFirst) and a "
+            "cheaper copy took it from 997 µs to 512 µs in the previous run; recognising the "
+            "common call with one loop of attribute reads and making one object for a call's "
+            "copied rows (not one per name) took the median 14% lower and the p99 about 4% "
+            "(alternated caller_cost runs: median 214-248 to 184-209 µs, p99 499-545 to "
+            "475-525 µs). Meeting 300 µs here needs the cold copy itself cheaper: a compiled "
+            "snapshot that copies without torch's dispatcher, or no copy at all, which "
+            "exactness rules out."
         )
     s_cpu = res.get(("rlpulse", "scalars60"))
     if s_cpu and missed("CPU per log()"):
@@ -808,10 +813,13 @@ def section_notes(
             "at most once per 5 ms while calls keep coming (at one call a millisecond, five "
             "calls a cycle: once per 2 ms took its CPU per call from about 155 to 110 µs, and "
             "5 ms instead of 2 ms took the process's CPU per call from 178-205 to 156-160 µs, "
-            "the floor's being 103-124 µs, measured alternately); what is left is the "
-            "encoding (about 30 µs of the sender's CPU per 60-scalar call in place, one numpy "
-            "pass), the cycle's fixed work and ZeroMQ's I/O thread, all Python-thread work on "
-            "2 shared cores where the floor does one pack and one send."
+            "the floor's being 103-124 µs, measured alternately). A sender that has just woken "
+            "runs cold: a 60-value numpy encode costs 8 µs back to back here and 80-160 µs "
+            "5-20 ms after a sleep, so the encoding is now array slice copies (44-75 µs cold), "
+            "which took the ratio from 1.70-1.72x to 1.58-1.59x in alternated runs. What is "
+            "left is the cycle's fixed work (socket calls, each cold) and ZeroMQ's I/O thread. "
+            "The ratio itself is noisy here: six alternated runs of this build gave 1.33x to "
+            "2.17x, of the build before 1.26x to 1.75x."
         )
     s_r = res.get(("rlpulse", "scalars60"))
     if s_r and missed("60 scalars", "p99"):
@@ -838,7 +846,7 @@ def section_notes(
             "work out of Python (a compiled receive loop), or more cores: relays (section 4) spread it over "
             "processes and machines, which 2 shared cores cannot show."
         )
-    if lat and (missed("latency p99") or missed("latency p50")):
+    if lat and (missed("latency p99") or missed("latency p50") or missed("scrape costs")):
         line = (
             "* **Latency at 256 ranks**: all 256 ranks' messages arrive at once (the worst case) and are worked "
             "through before the last rank's, at the per-message cost above; then the step is emitted and "
@@ -853,7 +861,11 @@ def section_notes(
         out.append(
             line
             + "The tail is scheduling: every thread involved waits for one of 2 cores shared with "
-            "the senders."
+            "the senders. These rows move with the machine: the collector has not changed since "
+            "the run of 2026-11-25 00:02 UTC, which met them (/metrics p50 8.8 ms, p99 12.6 ms, "
+            "a scrape 0.60 ms); run alone later that day, 256 ranks gave a /metrics p50 of 9.2 "
+            "and 13.4 ms with the producer of that run and 11.1 and 13.4 ms with this one, and "
+            "a scrape 0.5-0.8 ms."
         )
     if len(out) == 2:
         out.append("Every goal measured in this run was met.")
