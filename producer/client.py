@@ -287,22 +287,21 @@ class Producer:
         groups = None
         if len(names) > 1 and self._dists.isdisjoint(names):
             values = [payload[name] for name in names]
-            if alike(values):  # the common call: no key per value to group by
-                rows = snapshot_rows(names, values, masks, room, self._buffers)
-                if rows is not None:
-                    payload.update(dict.fromkeys(names, rows))
-                    return rows.nbytes
+            if alike(values):  # the common call: one group, without a key per value
+                copied = self._copy_together(payload, names, values, masks, room)
+                if copied:
+                    return copied
                 groups = {None: names}  # cannot be copied together: one by one
         if groups is None:
-            groups = self._alike(payload, names)
+            groups = self._groups(payload, names)
         copied = 0
         for key, group in groups.items():
             if key is not None and len(group) > 1:
-                rows = snapshot_rows(group, [payload[n] for n in group], masks, room, self._buffers)
-                if rows is not None:
-                    payload.update(dict.fromkeys(group, rows))
-                    copied += rows.nbytes
-                    room -= rows.nbytes
+                values = [payload[name] for name in group]
+                together = self._copy_together(payload, group, values, masks, room)
+                if together:
+                    copied += together
+                    room -= together
                     continue
             for name in group:
                 try:
@@ -320,7 +319,18 @@ class Producer:
                 payload[name] = snap
         return copied
 
-    def _alike(self, payload: dict, names: list[str]) -> dict[tuple | None, list[str]]:
+    def _copy_together(
+        self, payload: dict, names: list[str], values: list[Any], masks: dict, room: float
+    ) -> int:
+        """Copy the alike ``values`` of ``names`` into one ``Rows``, put under each name in
+        ``payload``; the bytes copied, 0 when they cannot be copied together."""
+        rows = snapshot_rows(names, values, masks, room, self._buffers)
+        if rows is None:
+            return 0
+        payload.update(dict.fromkeys(names, rows))
+        return rows.nbytes
+
+    def _groups(self, payload: dict, names: list[str]) -> dict[tuple | None, list[str]]:
         """``names`` grouped by what lets their values be copied together
         (``rlpulse.producer.reduce.row_key``; None: copied one by one)."""
         groups: dict[tuple | None, list[str]] = {}
