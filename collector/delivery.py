@@ -94,10 +94,13 @@ class Delivery:
         self.identity: dict[int, bytes] = {}
         self._held: dict[int, list[tuple[Incoming, bytes]]] = {}
         self._held_count = 0
-        self._to_ack: dict[int, float] = {}
-        """Producers owed an acknowledgement, and by when."""
-        self._next_ack = math.inf
-        """The earliest time in ``_to_ack``, or earlier: :meth:`acks` scans only from then."""
+        self._ack_now: set[int] = set()
+        """Producers owed an acknowledgement at the next :meth:`acks`."""
+        self._ack_later: dict[int, float] = {}
+        """Producers owed one by a time, in the order of those times (one delay after a
+        clock that does not go back), so :meth:`acks` reads only the ones due, not every
+        producer (a pass over all of them each time was O(ranks) per wake-up)."""
+        self._last_due = -math.inf
         self.rejected: dict[int, int] = {}
         """Per producer, entries of its messages that were rejected (told in its acks)."""
         self._ratelog = RateLimitedLog(log)
@@ -116,7 +119,7 @@ class Delivery:
         pid = msg.producer
         if isinstance(msg, HELLOS):
             self.identity[pid] = identity
-            self._owe(pid, 0.0)
+            self._owe_now(pid)
             out = [(msg, raw)]
             if pid not in self.last_seq:
                 self.last_seq[pid] = msg.seq - 1
@@ -135,15 +138,22 @@ class Delivery:
         if isinstance(msg, SEQUENCED):
             return self._sequenced(msg, raw, admit)
         if type(msg) is protocol.Heartbeat and msg.flush:
-            self._owe(pid, 0.0)
+            self._owe_now(pid)
         return [(msg, raw)]
 
-    def _owe(self, pid: int, due: float) -> None:
-        """Producer ``pid`` is owed an acknowledgement by ``due`` (the earlier of two dues)."""
-        if due < self._to_ack.get(pid, math.inf):
-            self._to_ack[pid] = due
-            if due < self._next_ack:
-                self._next_ack = due
+    def _owe_now(self, pid: int) -> None:
+        """Producer ``pid`` is owed an acknowledgement at once."""
+        self._ack_now.add(pid)
+        self._ack_later.pop(pid, None)
+
+    def _owe_later(self, pid: int) -> None:
+        """Producer ``pid`` is owed an acknowledgement within ``ack_delay_s``, unless one is
+        owed already (as early or earlier)."""
+        if pid in self._ack_later or pid in self._ack_now:
+            return
+        # Never before the last due: the dues stay in order even if the clock went back.
+        due = self._last_due = max(self.clock() + self.ack_delay_s, self._last_due)
+        self._ack_later[pid] = due
 
     def _room(self, raw: bytes) -> bool:
         """Whether one more message fits in what is kept for unregistered and held-back
@@ -202,7 +212,7 @@ class Delivery:
         last = self.last_seq[pid]
         if msg.seq <= last:
             self.health.duplicates += 1
-            self._owe(pid, 0.0)  # a resend: it waits for this
+            self._owe_now(pid)  # a resend: it waits for this
             return []
         if msg.seq > last + 1:
             if pid in self._held_back:  # behind a held-back message: parked with it
@@ -228,9 +238,9 @@ class Delivery:
         pid = msg.producer
         self.last_seq[pid] = msg.seq
         if isinstance(msg, URGENT):
-            self._owe(pid, 0.0)
-        elif pid not in self._to_ack:  # else one is owed already, and no later than this
-            self._owe(pid, self.clock() + self.ack_delay_s)
+            self._owe_now(pid)
+        else:
+            self._owe_later(pid)
         if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
             self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
             return []
@@ -288,13 +298,20 @@ class Delivery:
         are told to go on; those newly held back, to hold."""
         wake, self._wake = self._wake, {}
         hold, self._tell_hold = self._tell_hold - wake.keys(), set()
-        now = self.clock()
-        due: list[int] = []
-        if everything or now >= self._next_ack:  # else nothing is due: no scan
-            due = [p for p, t in self._to_ack.items() if everything or t <= now]
-            for pid in due:
-                del self._to_ack[pid]
-            self._next_ack = min(self._to_ack.values(), default=math.inf)
+        due, later = list(self._ack_now), self._ack_later
+        self._ack_now.clear()
+        if everything:
+            due += later
+            later.clear()
+        else:
+            now, ready = self.clock(), []
+            for pid, t in later.items():  # in time order: stop at the first not due
+                if t > now:
+                    break
+                ready.append(pid)
+            for pid in ready:
+                del later[pid]
+            due += ready
         out = []
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)

@@ -123,3 +123,36 @@ def test_release_stops_where_the_run_is_full_again_and_past_a_gap_the_producer_r
     assert seqs(d.release(lambda pid: True, admit)) == [5]
     assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 5, resend=True)]  # 6 and 7 again
     assert seqs(d.accept(done(4, 6), b"id", b"r", admit)) == [6]
+
+
+def test_data_is_acknowledged_once_its_delay_is_over_oldest_first_and_urgent_at_once() -> None:
+    """Acknowledgements of data wait ``ack_delay_s`` (one per producer per interval); a
+    goodbye or a repeat is acknowledged at the next call, and not again when the delay
+    ends. The dues are kept in time order, and stay so when the clock goes back."""
+    now = [100.0]
+    d = Delivery(clock=lambda: now[0], ack_delay_s=0.5)
+    for pid in (1, 2, 3):
+        d.accept(P.Hello(pid, 1, "r", "a", pid - 1, 3, "h", 1), f"id{pid}".encode())
+    d.acks()  # the hellos
+    d.accept(done(1, 1), b"id1")  # due at 100.5
+    now[0] = 100.2
+    d.accept(done(2, 1), b"id2")  # due at 100.7
+    d.accept(done(1, 2), b"id1")  # owed already, by 100.5
+    now[0] = 100.3
+    d.accept(done(3, 1), b"id3")  # due at 100.8
+    d.accept(done(3, 1), b"id3")  # a repeat: at once, and not again at 100.8
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(3, 1)]
+    now[0] = 100.49
+    assert d.acks() == []
+    now[0] = 100.5
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(1, 2)]
+    now[0] = 100.9
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(2, 1)]
+    assert d.acks() == []
+    d.accept(done(1, 3), b"id1")  # due at 101.4
+    now[0] = 50.0  # the clock went back: a later due never comes before an earlier one
+    d.accept(done(2, 2), b"id2")  # due at 101.4, not 50.5
+    now[0] = 101.4
+    assert sorted(P.decode(a).producer for _, a in d.acks()) == [1, 2]
+    d.accept(done(1, 4), b"id1")
+    assert [P.decode(a) for _, a in d.acks(everything=True)] == [P.Ack(1, 4)]
