@@ -9,6 +9,12 @@ floor is the same messages, paced the same way, into a bare ZeroMQ ROUTER socket
 receives and msgpack-decodes each one and does nothing else. Ratio = floor / collector (1.0:
 the collector costs no more than receiving and decoding; the goal is >= 0.5).
 
+The same messages are also taken *warm* (:func:`run_warm`): queued on the socket first, then
+received and handled back to back, in the batches a paced collector takes them in (the
+messages of one ``SETTLE_S`` window, then a settle), with no sleep between; and the floor's
+receive and decode likewise. Warm is the work a message itself costs; paced minus warm is
+what waking from idle costs on this machine, for the floor and the collector alike.
+
 Shapes: 16 ranks at 250 steps/s, 256 ranks at 16 steps/s and 1,024 ranks at 4 steps/s:
 about 4,000 messages a second each, far below saturation on this machine, so what is measured
 is the work per message, not queueing. A trainer sends several messages per rank per step
@@ -35,6 +41,8 @@ import zmq
 
 from benchmarks import wire
 from benchmarks.common import free_port, median, write_json
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.daemon import BATCH, SETTLE_S, Collector
 from rlpulse.collector.launch import start_collector
 
 SPAWN = mp.get_context("spawn")
@@ -167,6 +175,93 @@ def run_collector(ranks: int, rate: float, steps: int) -> dict[str, float]:
     return {"cpu_per_message": cpu / messages, "wall_s": wall, "messages": messages}
 
 
+def _warm(ranks: int, rate: float, steps: int, out: Any) -> None:
+    """:func:`run_warm` in a fresh process: ``out`` gets the floor's and the collector's
+    CPU seconds per message."""
+    sims = wire.sim_ranks(range(ranks), seed=int(time.time()))
+    shape = wire.Shape(wire.metric_names(METRICS))
+    t = time.time()
+    hellos = [sim.hello("paced", ROLE, ranks, shape) for sim in sims]
+    data = [sim.metrics(shape, step, t) for step in range(steps) for sim in sims]
+    data += [sim.bye() for sim in sims]
+    ctx = zmq.Context()
+    senders: dict[str, zmq.Socket] = {}
+
+    def queue(address: str, messages: list[bytes], settled: Any) -> None:
+        sender = senders.get(address)
+        if sender is None:
+            sender = senders[address] = ctx.socket(zmq.DEALER)
+            sender.setsockopt(zmq.SNDHWM, 0)
+            sender.connect(address)
+        for raw in messages:
+            sender.send(raw)
+        settled()
+
+    # The floor: every message queued on a bare ROUTER, then received and decoded back to back.
+    floor = ctx.socket(zmq.ROUTER)
+    floor.setsockopt(zmq.RCVHWM, 0)
+    floor.bind("tcp://127.0.0.1:*")
+    queue(floor.getsockopt_string(zmq.LAST_ENDPOINT), data, lambda: time.sleep(1.0))
+    recv, unpackb = floor.recv, msgpack.unpackb
+    cpu0 = time.process_time()
+    for _ in data:
+        recv()
+        unpackb(recv(), raw=False)
+    out[0] = (time.process_time() - cpu0) / len(data)
+    floor.close(linger=0)
+
+    # The collector: registered first, then the same messages taken as a paced run takes
+    # them (a window's worth, then a settle: Collector.run's loop without its sleep).
+    tmp = Path(mkdtemp(prefix="rlpulse-paced-warm-"))
+    jsonl = tmp / "out.jsonl"
+    collector = Collector(
+        CollectorConfig.from_mapping(
+            {
+                "bind": f"tcp://127.0.0.1:{free_port()}",
+                "track_with": ["jsonl"],
+                "tracker_kwargs": {"jsonl": {"path": str(jsonl)}},
+                "settle_s": 0,
+                "grace_s": 60,
+            }
+        )
+    )
+    collector.fanout.start()
+    health = collector.health
+
+    def take(total: int, window: int) -> None:
+        while health.messages_received < total:
+            collector._receive(window)
+            collector._settle()
+
+    queue(collector.address, hellos, lambda: take(ranks, BATCH))
+    queue(collector.address, data, lambda: time.sleep(1.0))
+    window = max(1, round(ranks * rate * SETTLE_S))
+    cpu0 = time.process_time()
+    take(ranks + len(data), window)
+    while _lines(jsonl) < steps:  # the sink's writing counts too, as in the paced run
+        time.sleep(0.001)
+    out[1] = (time.process_time() - cpu0) / len(data)
+    collector.close()
+    for sender in senders.values():
+        sender.close(linger=0)
+    ctx.term()
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps)), "every step, once, in order"
+    assert not any(r["partial"] for r in records), "no step partial"
+
+
+def run_warm(ranks: int, rate: float, steps: int) -> tuple[float, float]:
+    """CPU seconds per message, the floor's and the collector's, with the machine warm: the
+    messages of :func:`run_collector` queued first, then taken back to back."""
+    out = SPAWN.Array("d", 2)
+    proc = SPAWN.Process(target=_warm, args=(ranks, rate, steps, out))
+    proc.start()
+    proc.join(600)
+    if proc.exitcode != 0:
+        raise RuntimeError(f"the warm run failed (exit code {proc.exitcode})")
+    return out[0], out[1]
+
+
 def _lines(path: Path) -> int:
     try:
         with path.open("rb") as f:
@@ -249,6 +344,7 @@ def main() -> None:
             floor.append(run_floor(ranks, rate, steps))
             collector.append(run_collector(ranks, rate, steps)["cpu_per_message"])
         c, f = median(collector), median(floor)
+        warm_floor, warm = run_warm(ranks, rate, steps)
         row = {
             "ranks": ranks,
             "steps_per_s": rate,
@@ -258,12 +354,14 @@ def main() -> None:
             "collector_values_per_cpu_s": METRICS / c,
             "floor_us_per_message": f * 1e6,
             "ratio": f / c,
+            "warm_collector_us_per_message": warm * 1e6,
+            "warm_floor_us_per_message": warm_floor * 1e6,
         }
         (rows if (ranks, rate) in SHAPES else faster).append(row)
         print(
             f"{ranks:5d} ranks @ {rate:g} steps/s: collector {c * 1e6:7.1f} us/msg "
             f"({METRICS / c / 1e6:.2f} M values/CPU-s), floor {f * 1e6:6.1f} us/msg, "
-            f"ratio {f / c:.2f}",
+            f"ratio {f / c:.2f}; warm: collector {warm * 1e6:.1f}, floor {warm_floor * 1e6:.1f}",
             flush=True,
         )
     write_json(
