@@ -195,10 +195,14 @@ class Buffers:
         """Idle buffers by dtype and size, the most recently given back last."""
 
     def take(self, like: np.ndarray) -> np.ndarray:
-        """A flat array of ``like``'s dtype and size, holding a copy of it."""
+        """An array of ``like``'s dtype and shape, holding a copy of it. Idle buffers are kept
+        by dtype and size: one given back may be a call's rows (``n x size``), viewed here
+        as ``like`` is."""
         buf = self._pop(like.dtype.str, like.size)
         if buf is None:
             return like.copy()
+        if buf.shape != like.shape:
+            buf = buf.reshape(like.shape)
         np.copyto(buf, like)
         return buf
 

@@ -321,3 +321,37 @@ def test_a_sparse_tensor_is_named_invalid_and_the_call_goes_on(inbox) -> None:
     got = [e.names for e in entries(inbox.receive(until=has_bye))]
     assert got == [("ok",), ("ok",)]
     assert p.stats()["invalid"] == 3 and p.stats()["errors"] == 0
+
+
+def test_a_calls_rows_given_back_hold_a_later_copy_of_their_size() -> None:
+    """The pool keeps buffers by dtype and size: a call's rows (2 x 384) given back serve a
+    later flat copy of 768 values."""
+    pool = Buffers()
+    pool.give(np.zeros((2, 384), dtype=np.float32))
+    x = np.arange(768, dtype=np.float32)
+    got = pool.take(x)
+    assert got.shape == (768,) and np.array_equal(got, x) and not np.shares_memory(got, x)
+
+
+def test_a_call_after_one_whose_rows_were_given_back_is_logged_exactly(inbox) -> None:
+    """What the demo met: a step's two per-token tensors of 384 tokens are copied as one 2 x
+    384 array, which the sender gives back; the next step's one tensor of 768 values is
+    copied into that buffer. It must be logged, exactly, not fail and be skipped."""
+    rng = np.random.default_rng(5)
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    mask = torch.ones(384, dtype=torch.bool)
+    pair = {f"t/{i}": torch.from_numpy(rng.normal(i, 1, 384).astype(np.float32)) for i in (0, 1)}
+    p.log({n: Masked(t, mask) for n, t in pair.items()}, step=0)
+    p.flush()  # the sender has reduced step 0 and given its rows back
+    long = torch.from_numpy(rng.normal(5, 1, 768).astype(np.float32))
+    p.log({"long": long}, step=1)
+    p.close()
+    got = {
+        (e.step, n): row
+        for e in entries(inbox.receive(until=has_bye))
+        for n, row in zip(e.names, e.values.tolist(), strict=True)
+    }
+    assert p.stats()["errors"] == 0
+    for name, t in pair.items():
+        assert got[(0, name)] == pytest.approx(exact(t.numpy()), rel=1e-12)
+    assert got[(1, "long")] == pytest.approx(exact(long.numpy()), rel=1e-12)
