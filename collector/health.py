@@ -217,11 +217,17 @@ class Health:
     def producer_dropped(self) -> int:
         """Log calls producers reported dropping (queue or buffer full, unacknowledged at close);
         what the collector itself left out (late, conflicts) is counted by its own counters."""
-        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in _SENDER_DROPS)
+        return self._producers_total(_SENDER_DROPS)
+
+    def _producers_total(self, keys: tuple[str, ...]) -> int:
+        """The producers' own counters ``keys``, as their last heartbeat or goodbye said."""
+        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in keys)
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {m.key: getattr(self, m.key) for m in self.declared()}
         out["producer_dropped"] = self.producer_dropped()
+        for metric, counter in _PRODUCER_COUNTERS:
+            out[metric.key] = self._producers_total((counter,))
         out["malformed"] = dict(self.malformed)
         out["sinks"] = {k: dict(v) for k, v in self._sinks().items()}
         return out
@@ -233,11 +239,26 @@ PRODUCER_DROPPED = SelfMetric(
     key="producer_dropped",
 )
 """Summed from the producers' own counters (heartbeats and goodbyes)."""
+PRODUCER_ERRORS = SelfMetric(
+    "rlpulse_collector_producer_errors_total",
+    "log() calls producers reported failing inside rlpulse and skipping: their values are "
+    "missing from their steps.",
+    key="producer_errors",
+)
+PRODUCER_INVALID = SelfMetric(
+    "rlpulse_collector_producer_invalid_total",
+    "Values producers left out of log() calls as invalid (a bad name, type or mask).",
+    key="producer_invalid",
+)
+_PRODUCER_COUNTERS = ((PRODUCER_ERRORS, "errors"), (PRODUCER_INVALID, "invalid"))
+"""Self-metrics that are one of the producers' own counters, summed (``STAT_KEYS``)."""
+PRODUCER_METRICS = (PRODUCER_DROPPED, PRODUCER_ERRORS, PRODUCER_INVALID)
+"""What the collector exports of the producers' own counters."""
 
 
 def exported() -> Iterator[SelfMetric]:
     """Every self-metric the Prometheus sink renders, labels aside."""
     yield from Health.declared()
-    yield PRODUCER_DROPPED
+    yield from PRODUCER_METRICS
     yield MALFORMED
     yield from SINK_METRICS

@@ -630,6 +630,8 @@ def pipeline() -> dict[str, Any]:
             "Data lost or refused (increase over 5m)",
             [
                 ("increase(rlpulse_collector_producer_dropped_total[5m])", "producer drops"),
+                ("increase(rlpulse_collector_producer_errors_total[5m])", "producer errors"),
+                ("increase(rlpulse_collector_producer_invalid_total[5m])", "invalid values"),
                 ("increase(rlpulse_collector_late_entries_total[5m])", "late entries"),
                 (
                     "sum by (reason) (increase(rlpulse_collector_malformed_total[5m]))",

@@ -228,7 +228,10 @@ def test_nonfinite_counts_reach_the_record() -> None:
 def test_producer_stats_reach_health() -> None:
     h = Harness()
     h.send(hello(1), P.Heartbeat(1, 2, {"dropped_send": 4, "dropped_queue_full": 1}))
-    assert h.agg.health.snapshot()["producer_dropped"] == 5
+    h.send(hello(2), P.Heartbeat(2, 2, {"errors": 2, "invalid": 3, "dropped_send": 1}))
+    health = h.agg.health.snapshot()
+    assert health["producer_dropped"] == 6
+    assert health["producer_errors"] == 2 and health["producer_invalid"] == 3
 
 
 def test_new_run_waits_for_late_roles_during_the_settle_window() -> None:
