@@ -29,7 +29,11 @@ pytestmark = pytest.mark.timeout(900)
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
-BATCH = 32
+BATCH = 256
+"""The demo's batch: each actor rank's per-token tensors are large enough (``COPY_MIN``) to
+be copied in ``log()`` and reduced by the sender, the path ``make demo`` takes. With 32 they
+were reduced at once, and a bug of that path (a pooled buffer of another shape, 58 log()
+calls skipped in a 30-step demo) went unseen here."""
 MAX_NEW_TOKENS = 6
 
 # The collector, then the trainer attached to it by address, in one process tree.
