@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from rlpulse.producer import Masked, Producer
 from rlpulse.producer.config import ProducerConfig
@@ -355,3 +356,47 @@ def test_a_call_after_one_whose_rows_were_given_back_is_logged_exactly(inbox) ->
     for name, t in pair.items():
         assert got[(0, name)] == pytest.approx(exact(t.numpy()), rel=1e-12)
     assert got[(1, "long")] == pytest.approx(exact(long.numpy()), rel=1e-12)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["take", "empty", "tensor"]),
+            st.sampled_from([np.float32, np.float64, np.int64]),
+            st.sampled_from([(1, 768), (2, 384), (3, 256), (4, 192), (6, 128)]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_any_mix_of_copies_through_the_pool_holds_what_was_copied(ops) -> None:
+    """Flat copies, rows of several shapes and torch rows of one size share the pool's
+    buffers in any order: each copy holds exactly what was copied into it, while the others
+    held at the same time keep theirs, and none is handed out twice."""
+    pool = Buffers()
+    held: list[tuple[np.ndarray, np.ndarray]] = []  # (buffer, what it must hold)
+    rng = np.random.default_rng(0)
+    for kind, dtype, (n, size), give_back in ops:
+        data = rng.integers(-1000, 1000, n * size).astype(dtype)
+        if kind == "take":
+            buf = pool.take(data)
+            want = data.copy()
+        elif kind == "empty":
+            buf = pool.empty(np.dtype(dtype), (n, size))
+            want = data.reshape(n, size)
+            np.copyto(buf, want)
+        else:
+            like = torch.from_numpy(np.zeros(size, dtype))
+            rows, out = pool.tensor_rows(torch, np.dtype(dtype), like, n)
+            want = data.reshape(n, size)
+            torch.stack([torch.from_numpy(r.copy()) for r in want], out=out)
+            buf = rows
+        assert buf.shape == want.shape and buf.dtype == want.dtype
+        assert not any(np.shares_memory(buf, other) for other, _ in held)
+        held.append((buf, want.copy()))
+        for other, kept in held:
+            assert np.array_equal(other, kept)
+        if give_back:
+            pool.give(held.pop(0)[0])
