@@ -195,23 +195,17 @@ class Buffers:
         """Idle buffers by dtype and size, the most recently given back last."""
 
     def take(self, like: np.ndarray) -> np.ndarray:
-        """An array of ``like``'s dtype and shape, holding a copy of it. Idle buffers are kept
-        by dtype and size: one given back may be a call's rows (``n x size``), viewed here
-        as ``like`` is."""
-        buf = self._pop(like.dtype.str, like.size)
+        """An array of ``like``'s dtype and shape, holding a copy of it."""
+        buf = self._pop_as(like.dtype, like.size, like.shape)
         if buf is None:
             return like.copy()
-        if buf.shape != like.shape:
-            buf = buf.reshape(like.shape)
         np.copyto(buf, like)
         return buf
 
     def empty(self, dtype: np.dtype, shape: tuple[int, int]) -> np.ndarray:
         """An array of ``dtype`` and ``shape`` to copy into."""
-        buf = self._pop(dtype.str, shape[0] * shape[1])
-        if buf is None:
-            return np.empty(shape, dtype)
-        return buf if buf.shape == shape else buf.reshape(shape)
+        buf = self._pop_as(dtype, shape[0] * shape[1], shape)
+        return np.empty(shape, dtype) if buf is None else buf
 
     def tensor_rows(self, torch: Any, dtype: np.dtype, like: Any, n: int) -> tuple[np.ndarray, Any]:
         """An ``(n, like.numel())`` array of ``dtype`` (numpy's for ``like.dtype``) and a tensor
@@ -230,6 +224,15 @@ class Buffers:
         if like.dim() != 1:
             out = out.view(n, *like.shape)
         return buf, out
+
+    def _pop_as(self, dtype: np.dtype, size: int, shape: tuple[int, ...]) -> np.ndarray | None:
+        """An idle buffer of ``dtype`` and ``size`` viewed as ``shape``, or None. Buffers are
+        kept by dtype and size only: one given back may be a call's rows (``n x size``) or a
+        flat copy, whichever asks for it next."""
+        buf = self._pop(dtype.str, size)
+        if buf is None or buf.shape == shape:
+            return buf
+        return buf.reshape(shape)
 
     def _pop(self, dtype: str, size: int) -> np.ndarray | None:
         free = self._free.get((dtype, size))
