@@ -225,9 +225,8 @@ class Health:
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {m.key: getattr(self, m.key) for m in self.declared()}
-        out["producer_dropped"] = self.producer_dropped()
-        for metric, counter in _PRODUCER_COUNTERS:
-            out[metric.key] = self._producers_total((counter,))
+        for metric, keys in PRODUCER_COUNTERS:
+            out[metric.key] = self._producers_total(keys)
         out["malformed"] = dict(self.malformed)
         out["sinks"] = {k: dict(v) for k, v in self._sinks().items()}
         return out
@@ -250,10 +249,14 @@ PRODUCER_INVALID = SelfMetric(
     "Values producers left out of log() calls as invalid (a bad name, type or mask).",
     key="producer_invalid",
 )
-_PRODUCER_COUNTERS = ((PRODUCER_ERRORS, "errors"), (PRODUCER_INVALID, "invalid"))
-"""Self-metrics that are one of the producers' own counters, summed (``STAT_KEYS``)."""
-PRODUCER_METRICS = (PRODUCER_DROPPED, PRODUCER_ERRORS, PRODUCER_INVALID)
-"""What the collector exports of the producers' own counters."""
+PRODUCER_COUNTERS = (
+    (PRODUCER_DROPPED, _SENDER_DROPS),
+    (PRODUCER_ERRORS, ("errors",)),
+    (PRODUCER_INVALID, ("invalid",)),
+)
+"""What the collector exports of the producers' own counters (``STAT_KEYS``): each
+self-metric, and the counters summed into it over every producer."""
+PRODUCER_METRICS = tuple(metric for metric, _ in PRODUCER_COUNTERS)
 
 
 def exported() -> Iterator[SelfMetric]:

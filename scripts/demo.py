@@ -21,6 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.health import PRODUCER_DROPPED, PRODUCER_ERRORS, PRODUCER_INVALID
 from rlpulse.collector.launch import start_collector
 from rlpulse.runtools.cli import main as run_tools
 from rlpulse.runtools.compare import RUN_CONFIG
@@ -109,9 +110,9 @@ def main() -> int:
 
 
 LOSSES = {
-    "rlpulse_collector_producer_errors_total": "log() calls that failed inside rlpulse",
-    "rlpulse_collector_producer_dropped_total": "log() calls dropped",
-    "rlpulse_collector_producer_invalid_total": "values refused as invalid",
+    PRODUCER_ERRORS.name: "log() calls that failed inside rlpulse",
+    PRODUCER_DROPPED.name: "log() calls dropped",
+    PRODUCER_INVALID.name: "values refused as invalid",
 }
 """What the producers reported losing, as the collector's /metrics counts it."""
 
@@ -130,7 +131,7 @@ def check_producers(scrape: Path) -> int:
     lost = {name: value for name, value in found.items() if value}
     for name, value in lost.items():
         print(f"  the producers reported {value:.0f} {LOSSES[name]} ({name})", file=sys.stderr)
-    return 1 if lost.get("rlpulse_collector_producer_errors_total") else 0
+    return 1 if lost.get(PRODUCER_ERRORS.name) else 0
 
 
 def private_network_namespace() -> bool:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rlpulse.collector.health import PRODUCER_DROPPED, PRODUCER_ERRORS, PRODUCER_INVALID
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from demo import check_producers
 
@@ -16,10 +18,10 @@ from demo import check_producers
 def scrape(tmp_path: Path, errors: float, dropped: float, invalid: float) -> Path:
     path = tmp_path / "metrics.prom"
     path.write_text(
-        f"rlpulse_collector_producer_errors_total {errors}\n"
-        f"rlpulse_collector_producer_dropped_total {dropped}\n"
-        f"rlpulse_collector_producer_invalid_total {invalid}\n"
-        "rlpulse_collector_late_entries_total 4.0\n"
+        f"{PRODUCER_ERRORS.name} {errors}\n"
+        f"{PRODUCER_DROPPED.name} {dropped}\n"
+        f"{PRODUCER_INVALID.name} {invalid}\n"
+        "rlpulse_collector_late_entries_total 4.0\n"  # another counter: not a loss
     )
     return path
 
