@@ -41,6 +41,13 @@ from rlpulse.schemas.values import EMPTY, Summary
 Reduced = tuple[Summary, int]
 """A state and the number of non-finite samples left out of it."""
 NOTHING: Reduced = (EMPTY, 0)
+quiet = np.errstate(over="ignore", invalid="ignore")
+"""Decorates the reductions: a sum of +inf and -inf, or one that overflows, is a non-finite
+sum they then handle (count the non-finite samples, name the overflow), never a numpy warning
+in the training process, nor the exception that warning becomes where the user's program
+turns warnings into errors (``-W error``, pytest's ``filterwarnings = error``) or sets
+``np.seterr(all="raise")``: that exception failed the whole ``log()`` call. Per call it costs
+about 0.7 µs (numpy 2.4 here)."""
 
 
 class InvalidValue(TypeError):
@@ -284,6 +291,7 @@ def reduce_snapshots(snaps: list[Snapshot]) -> list[Any]:
     return out
 
 
+@quiet
 def _reduce_block(rows: np.ndarray, mask: np.ndarray | None) -> list[Any]:
     """The exact state of each row of the 2-D ``rows`` where ``mask`` selects: a sum, a
     min and a max per row in one numpy call each. A row whose sum is not finite holds a
@@ -472,6 +480,7 @@ def snapshot_rows(
     return Rows(names, rows, m)
 
 
+@quiet
 def _numpy(values: Any, mask: Any | None) -> Reduced:
     arr = selected(values, mask)
     if arr.size == 0:
