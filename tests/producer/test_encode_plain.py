@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings, strategies as st
+
 from rlpulse.producer.encode import INVALID, Encoder
-from rlpulse.producer.stats import Counters
+from rlpulse.producer.stats import _COUNTED, Counters
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.metrics import CATALOG
 
@@ -55,3 +57,41 @@ def test_edge_numbers_encode_as_the_general_path_does() -> None:
         fast.entry(0, 0.0, payload)
         assert fast.entry(1, 2.0, payload) == general.entry(1, 2.0, payload), values
         assert fast.counters.invalid == fast.counters.nonfinite == 0
+
+
+NUMBERS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(2**70), 2**70),
+    st.integers(-(2**1030), 2**1030),  # beyond float64 too
+    st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 1.7976931348623157e308, 2**53 + 1]),
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                [("a/x", "a/y"), ("a/y", "a/x"), ("a/x", M.ACTOR_LR.name, "a/z"), ("a/z",)]
+            ),
+            st.lists(NUMBERS, min_size=3, max_size=3),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_any_sequence_of_calls_encodes_as_the_general_path_does(calls) -> None:
+    """Calls of a few key lists, repeated in any order, with any mix of floats (signed
+    zeros, subnormals, non-finite) and ints (beyond 2**53, beyond float64; ``log()`` passes
+    these two types through as they are, and reduces anything else first): the
+    encoder with its fast path gives, call after call, the bytes and the counts of one
+    that always takes the general path."""
+    fast, general = encoder(), encoder()
+    for step, (keys, values) in enumerate(calls):
+        payload = dict(zip(keys, values, strict=False))
+        general._plain.clear()
+        assert fast.entry(step, 1.0, payload) == general.entry(step, 1.0, payload), payload
+    counted = [(n, getattr(fast.counters, n), getattr(general.counters, n)) for n in _COUNTED]
+    assert all(a == b for _, a, b in counted), counted
+    assert fast.tables == general.tables
