@@ -15,6 +15,7 @@ import numpy as np
 
 from rlpulse.producer.deferred import Marker
 from rlpulse.producer.device import DeviceContext
+from rlpulse.producer.reduce import writable
 
 
 class _CudaMarker:
@@ -84,7 +85,7 @@ class CudaOps:
         return host
 
     def upload(self, array: np.ndarray, device: Any) -> Any:
-        pinned = self.torch.from_numpy(np.ascontiguousarray(array)).pin_memory()
+        pinned = self.torch.from_numpy(writable(np.ascontiguousarray(array))).pin_memory()
         return pinned.to(device, non_blocking=True)
 
 

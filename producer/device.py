@@ -40,6 +40,7 @@ from rlpulse.producer.reduce import (
     scalar as host_scalar,
     scalar_state,
     weighted_state,
+    writable,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
 from rlpulse.schemas.sketch import SLOTS, encode as encode_sketch, torch_counts
@@ -346,7 +347,8 @@ class DeviceCall:
         values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
         if not (isinstance(values, ops.torch.Tensor) and ops.owns(values)):
             # Only the mask is on the device: bring the values there.
-            values = self.context.move(ops.torch.as_tensor(np.asarray(values)), mask.device)
+            host = writable(np.asarray(values))
+            values = self.context.move(ops.torch.as_tensor(host), mask.device)
         if values.numel() == 1 and mask is None and not sketch:
             return self._batch(values.device).add_scalar(values)
         return self._batch(values.device).add_array(values, mask, sketch)

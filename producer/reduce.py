@@ -84,6 +84,13 @@ def scalar_state(x: float) -> Reduced:
     return (Summary.of_scalar(x), 0) if math.isfinite(x) else (EMPTY, 1)
 
 
+def writable(arr: np.ndarray) -> np.ndarray:
+    """``arr``, or a copy of it when it is read-only (``np.frombuffer``, a memory map, a
+    frozen array): torch warns when it is given read-only memory, and where the training
+    program turns warnings into errors that warning failed the whole ``log()`` call."""
+    return arr if arr.flags.writeable else arr.copy()
+
+
 def _torch() -> Any:
     """torch if this process imported it (never imported here: a CPU-only worker pays nothing)."""
     return sys.modules.get("torch")
@@ -537,7 +544,7 @@ def reduce_host_tensor(values: Any, mask: Any | None) -> Reduced:
     torch = _torch()
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
-            mask = torch.as_tensor(np.asarray(mask))
+            mask = torch.as_tensor(writable(np.asarray(mask)))
         if mask.numel() != values.numel():
             raise InvalidValue(f"mask has {mask.numel()} elements but values have {values.numel()}")
         mask = mask.to(values.device)

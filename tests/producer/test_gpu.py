@@ -133,6 +133,31 @@ def test_every_input_kind_is_exact_without_a_sync(inbox, dtype, n) -> None:
     assert p.stats()["errors"] == 0 and p.stats()["invalid"] == 0
 
 
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_read_only_host_memory_beside_a_gpu_tensor_is_exact_and_warns_nothing(inbox) -> None:
+    """A read-only numpy mask for a GPU tensor, and read-only numpy values under a GPU mask,
+    go to the device through pinned memory. torch warns when handed read-only memory, and
+    where warnings are errors that failed the whole ``log()`` call."""
+    n = 4096
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    values = torch.randn(n, device="cuda", generator=gen)
+    cuda_mask = torch.rand(n, device="cuda", generator=gen) < 0.5
+    frozen_mask = cuda_mask.cpu().numpy()
+    frozen_mask.flags.writeable = False
+    frozen_values = values.cpu().numpy()
+    frozen_values.flags.writeable = False
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    p.log(
+        {"host_mask": Masked(values, frozen_mask), "host_values": Masked(frozen_values, cuda_mask)},
+        step=0,
+    )
+    p.close(timeout=10)
+    out = got(inbox)
+    assert p.stats()["errors"] == 0 and p.stats()["invalid"] == 0
+    assert out["host_mask"] == pytest.approx(exact(values, cuda_mask), rel=1e-9)
+    assert out["host_values"] == pytest.approx(exact(values, cuda_mask), rel=1e-9)
+
+
 def test_past_the_snapshot_budget_reduction_on_the_callers_stream_does_not_sync(inbox) -> None:
     from rlpulse.producer.cuda import CudaOps
     from rlpulse.producer.device import DeviceContext

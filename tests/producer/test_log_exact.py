@@ -5,9 +5,10 @@ reduced at once, larger ones are copied (alike per-token tensors stacked into on
 array, the rest one by one) and reduced by the sender, bfloat16 and float16 tensors go
 through torch, a full copy budget makes ``log()`` reduce at once, pooled buffers come back
 in other shapes. This property test draws calls of every kind, in any order, changes every
-array, tensor and mask right after each ``log()``, and holds the sender back meanwhile; the
-states received must equal a float64 reduction of the values as they were when logged, with
-non-finite samples counted apart, and nothing may be counted as an error.
+array, tensor and mask right after each ``log()`` (read-only ones cannot be), and holds the
+sender back meanwhile, with warnings turned into errors as many training programs run them;
+the states received must equal a float64 reduction of the values as they were when logged,
+with non-finite samples counted apart, and nothing may be counted as an error.
 """
 
 from __future__ import annotations
@@ -107,11 +108,26 @@ def array_value(draw: st.DrawFn, tokens: Tokens | None, like: tuple[bool, int] |
         return Drawn(value, seen, [value])
     rows = draw(st.sampled_from([1, 2])) if size % 2 == 0 and size else 1
     value = value.reshape(rows, size // rows)
+    changed = [value]
+    if not as_torch and draw(st.booleans()):  # np.frombuffer, a memory map: read-only
+        value.flags.writeable = False
+        changed = []
     if not draw(st.booleans()):
-        return Drawn(value, seen, [value])
+        return Drawn(value, seen, changed)
     mask = draw(samples(size, "bool"))
-    held = (torch.from_numpy(mask.copy()) if as_torch else mask.copy()).reshape(value.shape)
-    return Drawn(Masked(value, held), seen[mask], [value, held])
+    held = draw(mask_of(mask)).reshape(value.shape)
+    return Drawn(Masked(value, held), seen[mask], changed)
+
+
+@st.composite
+def mask_of(draw: st.DrawFn, mask: np.ndarray) -> Any:
+    """``mask`` as the caller holds it: a bool tensor, a numpy array, or a read-only one."""
+    kind = draw(st.sampled_from(["torch", "numpy", "read-only"]))
+    if kind == "torch":
+        return torch.from_numpy(mask.copy())
+    held = mask.copy()
+    held.flags.writeable = kind == "numpy"
+    return held
 
 
 @st.composite
@@ -143,8 +159,7 @@ def calls(draw: st.DrawFn) -> list[tuple[int, dict[str, Drawn], bool]]:
         if draw(st.booleans()):  # a per-token call: one mask for many names
             selects = draw(samples(draw(st.sampled_from(TOKENS)), "bool"))
             rows = draw(st.sampled_from([1, 2]))
-            logged = torch.from_numpy(selects.copy()) if draw(st.booleans()) else selects.copy()
-            tokens = Tokens(logged.reshape(rows, -1), selects, rows)
+            tokens = Tokens(draw(mask_of(selects)).reshape(rows, -1), selects, rows)
         if draw(st.booleans()):  # most arrays of one kind and dtype, as a trainer's are
             like = (draw(st.booleans()), draw(st.sampled_from(range(len(NUMPY_DTYPES)))))
         names = st.sampled_from([f"m/{i}" for i in range(8)])
@@ -196,6 +211,8 @@ def close(got: list[float], want: list[float], scale: float) -> bool:
     return all(same) and abs(got[0] - want[0]) <= 1e-12 * scale + 1e-300
 
 
+# As many training programs run: a warning of numpy or torch is an exception.
+@pytest.mark.filterwarnings("error::RuntimeWarning", "error::UserWarning")
 @settings(
     max_examples=120,
     deadline=None,
@@ -222,9 +239,11 @@ def test_any_mix_of_logged_values_reaches_the_wire_exactly(drawn, copy_limit) ->
                 for d in values.values():
                     for arr in d.arrays:  # the caller reuses its buffers at once
                         arr.fill_(7) if isinstance(arr, torch.Tensor) else arr.fill(7)
-                    if isinstance(d.value, Masked):  # its mask too, shared or not
-                        m = d.value.mask
-                        m.fill_(True) if isinstance(m, torch.Tensor) else m.fill(True)
+                    m = d.value.mask if isinstance(d.value, Masked) else None
+                    if isinstance(m, torch.Tensor):  # its mask too, shared or not
+                        m.fill_(True)
+                    elif m is not None and m.flags.writeable:
+                        m.fill(True)
                 if flush:
                     release.set()
                     p.flush()
@@ -288,3 +307,25 @@ def test_infinities_of_both_signs_are_counted_whatever_the_numpy_settings(inbox,
     got = got_states(inbox.receive(until=has_bye))
     for name, state in want.items():
         assert close(got[(0, name)], state, float(np.abs(data[name][3:]).sum())), name
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_read_only_memory_is_logged_exactly_where_warnings_are_errors(inbox) -> None:
+    """A read-only numpy mask (``np.frombuffer``, a memory map) for a bfloat16 tensor goes to
+    torch, which warns when handed read-only memory: where warnings are errors, that failed
+    the whole ``log()`` call, and by default it printed torch's warning into the training log.
+    """
+    rng = np.random.default_rng(8)
+    mask = rng.random(64) < 0.5
+    mask.flags.writeable = False
+    half = torch.from_numpy(rng.normal(0, 1, 64)).to(torch.bfloat16)
+    frozen = rng.normal(0, 1, 64)
+    frozen.flags.writeable = False
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    p.log({"half": Masked(half, mask), "frozen": Masked(frozen, mask), "x": 1.0}, step=0)
+    p.close()
+    got = got_states(inbox.receive(until=has_bye))
+    assert (p.stats()["errors"], p.stats()["invalid"]) == (0, 0), p.stats()
+    seen = half.to(torch.float64).numpy()[mask]
+    assert close(got[(0, "half")], [seen.sum(), seen.size, seen.min(), seen.max(), 0], 100.0)
+    assert got[(0, "frozen")][1] == mask.sum()
