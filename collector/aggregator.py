@@ -257,15 +257,21 @@ class Aggregator:
             else:
                 for entry in entries:
                     self._entry(run, prod, bit, entry, now, position, replay)
+            if prod.resumes_after is not None and msg.done >= 0:  # type: ignore[union-attr]
+                self._resume(prod, msg.done)  # type: ignore[union-attr]
             self._finished(run, prod, msg.done, now)  # type: ignore[union-attr]
         elif kind is protocol.Delta:
             self._apply_delta(prod, msg, now, position, replay)  # type: ignore[arg-type]
         elif isinstance(msg, protocol.Done):
+            if prod.resumes_after is not None:
+                self._resume(prod, msg.step)
             self._advance(prod, msg.step, now)
         elif isinstance(msg, protocol.Heartbeat):
             self.membership.note_stats(prod, msg.stats)
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
+            if prod.resumes_after is not None:
+                self._resume(prod, FINISHED)
             self._advance(prod, FINISHED, now)
 
     def _withdraw_replaced(self, prod: ProducerInfo) -> None:
@@ -276,6 +282,22 @@ class Aggregator:
             replaced = self.membership.producers.get(old)
             finished = replaced.watermark if replaced is not None else -1
             self._run(prod.run).withdraw(old, prod.slot, finished)
+            self.membership.resumes(prod, finished)
+
+    def _resume(self, prod: ProducerInfo, first: int, ran: bool = True) -> None:
+        """``prod``, which took its slot from another process, ran ``first`` as its first
+        step: the steps between the last one its predecessor finished and ``first`` were run
+        by neither (a rank that died between steps and came back further on, or whose
+        predecessor's last steps still wait behind another relay). Its cumulative ``done``
+        will say they are finished; ``RunSteps.skip`` makes them missing the slot instead.
+        ``ran=False``: ``prod`` has finished the steps before ``first`` without showing it ran
+        any (a relay's watermark); they are missing the slot unless it gives them data, and
+        its first step is still to be seen."""
+        after = prod.resumes_after
+        if ran:
+            self.membership.resumes(prod, None)
+        if after is not None and self.membership.holds_slot(prod):
+            self._run(prod.run).skip(prod.slot, after, first)
 
     def admits(self, msg: protocol.Message) -> bool:
         """Whether ``msg`` may be applied now. A producer's data that would open a step
@@ -341,6 +363,8 @@ class Aggregator:
         if not replay:
             self.health.events_received += 1
         step, t, table, values, nonfinite = entry
+        if prod.resumes_after is not None:
+            self._resume(prod, step)
         if type(table) is int:  # version 2: a table of the producer's hello
             found = prod.tables.get(table)
             if found is None:
@@ -444,6 +468,7 @@ class Aggregator:
             return
         run, members = self._run(name), self.membership.runs[name]
         sketches = by_table_row(msg.sketches, len(msg.entries))
+        resuming = self.membership.resuming
         for i, entry in enumerate(msg.entries):
             step, t_first, t_last, table_id, values, nonfinite, pids, owners = entry
             if not replay:
@@ -454,6 +479,8 @@ class Aggregator:
                 continue
             if replay and step <= run.last_emitted:
                 continue
+            if resuming and not resuming.isdisjoint(pids):
+                self._resume_members(pids, step)
             state = self._open_or_late(run, step, now, position, f"relay {relay.pid:x}")
             if state is None:
                 continue
@@ -468,7 +495,23 @@ class Aggregator:
         for pid, watermark in msg.watermarks:
             member = self.membership.producers.get(pid)
             if member is not None and member.via == relay.pid:
+                if member.resumes_after is not None:
+                    # A relay's watermark is no proof that the member ran those steps (it
+                    # is implied by data for a later step, and the relay reports it only as
+                    # far as the step it forwards): only its data is (above). Taken as not
+                    # run, a step it ran without data goes out partial, which is safe; the
+                    # other way, one it never ran would go out complete without its data.
+                    self._resume(member, watermark + 1, ran=False)
                 self._advance(member, watermark, now)
+
+    def _resume_members(self, pids: list[int], step: int) -> None:
+        """:meth:`_resume` for the members of a relay's entry for ``step`` that took their
+        slot from another process and have not run a step yet."""
+        producers = self.membership.producers
+        for pid in pids:
+            member = producers.get(pid)
+            if member is not None and member.resumes_after is not None:
+                self._resume(member, step)
 
     def _advance(self, prod: ProducerInfo, watermark: int, now: float) -> None:
         """Record that ``prod`` has finished every step up to ``watermark``."""

@@ -70,6 +70,10 @@ class ProducerInfo:
     """Its entries refused because another process holds its slot (told back in acks)."""
     replaced: int | None = None
     """The producer whose slot it took when it registered (withdrawn by the aggregator)."""
+    resumes_after: int | None = None
+    """It took its slot from another process, which had finished every step up to this
+    one; None once its own first step is known (``Aggregator._resume``), or if it took no
+    slot from anyone."""
     aliases: dict[str, str] = field(default_factory=dict)
     """A relay's runs as the relay names them -> as this collector records them."""
 
@@ -176,7 +180,18 @@ class Membership:
         self._scraped: dict[int, ProducerInfo] = {}
         """Every producer, of either kind, that registered a metrics endpoint."""
         self.runs: dict[str, Members] = {}
+        self.resuming: set[int] = set()
+        """Producers whose ``resumes_after`` is set: relayed entries are checked for them
+        only while there are any."""
         self._ratelog = RateLimitedLog(log)
+
+    def resumes(self, prod: ProducerInfo, after: int | None) -> None:
+        """Set ``prod.resumes_after`` (None: its first step is known, or it took no slot)."""
+        prod.resumes_after = after
+        if after is None:
+            self.resuming.discard(prod.pid)
+        else:
+            self.resuming.add(prod.pid)
 
     def register(self, msg: protocol.Hello, now: float) -> ProducerInfo:
         """Apply a hello; a producer already known is only marked alive (and takes the
@@ -438,6 +453,7 @@ class Membership:
                     p.late,
                     p.conflict,
                     p.asked_run,
+                    p.resumes_after,
                 ]
                 for p in self.producers.values()
             },
@@ -474,6 +490,8 @@ class Membership:
             )
             if len(saved) > 6:  # saved by a release that reports feedback to producers
                 prod.late, prod.conflict, prod.asked_run = saved[6:9]
+            if len(saved) > 9:  # saved by a release that tells skipped steps apart
+                self.resumes(prod, saved[9])
         self.current.update(snapshot.get("current", {}))
         for pid, host in snapshot.get("relays", {}).items():
             self.relays[int(pid)] = ProducerInfo(int(pid), "", "relay", 0, 1, host, now)

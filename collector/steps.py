@@ -162,6 +162,10 @@ class RunSteps:
         self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
         self.steps: dict[int, StepState] = {}
         self.last_emitted = -1
+        self.skipped: dict[Slot, tuple[int, int]] = {}
+        """Per slot, the steps strictly between two bounds that neither its replaced process
+        nor its new one ran (:meth:`skip`): a step opened later among them is missing the
+        slot's data unless the new process gives some."""
         self._pending: dict[int, dict[int, _Group]] = {}
         """Entries waiting to be merged: by step, then by layout (``id``)."""
         self._read_plans: dict[bytes, _ReadPlan] = {}
@@ -234,6 +238,9 @@ class RunSteps:
         n = max(len(self.names), 8)
         state = StepState(step, empty_rows(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64))
         state.done |= finished
+        for slot, (after, first) in self.skipped.items():
+            if after < step < first:
+                state.withdrawn.add(slot)
         if state.done:
             state.first_done_at = now
         state.position = position
@@ -400,6 +407,21 @@ class RunSteps:
         self.merge_pending()
         return changed
 
+    def skip(self, slot: Slot, after: int, first: int) -> None:
+        """``slot``'s new process took it over when its replaced one had finished every step
+        up to ``after``, and ran ``first`` as its first step: nobody ran the steps between
+        them for the slot. Its new process's cumulative ``done`` (or data for a later step,
+        which implies one) says they are finished; without data of its own in them they are
+        missing the slot's data, so they go out partial naming the slot (as for data
+        withdrawn), never complete."""
+        if first - after <= 1:
+            return
+        for state in self.steps.values():
+            if after < state.step < first:
+                state.withdrawn.add(slot)
+        if first - 1 > self.last_emitted:  # for the steps no rank has opened yet
+            self.skipped[slot] = (after, first)
+
     def _rebuild(self, state: StepState, inputs: list[tuple]) -> None:
         """Merge ``inputs`` into ``state`` afresh (its rows, roles, times and contributors)."""
         n = state.rows.shape[0]
@@ -496,6 +518,9 @@ class RunSteps:
         """Remove an emitted step; return its metrics and the role(s) behind each."""
         del self.steps[state.step]
         self.last_emitted = max(self.last_emitted, state.step)
+        if self.skipped:
+            emitted = self.last_emitted
+            self.skipped = {k: v for k, v in self.skipped.items() if v[1] - 1 > emitted}
         touched = np.flatnonzero(state.touched[: len(self.names)])
         plan = self._read_plan(touched)
         rows = state.rows[touched]

@@ -184,6 +184,53 @@ def test_restarted_worker_takes_over_its_slot() -> None:
     assert h.agg.health.rank_takeovers == 1
 
 
+@pytest.mark.parametrize("begun", [False, True], ids=["between-steps", "mid-step"])
+def test_a_step_a_restarted_rank_skipped_goes_out_partial_naming_it(begun) -> None:
+    """Rank 0 finishes step 0 and dies, before logging anything of step 1 or part-way
+    through it; its new process goes on from step 2 (a later checkpoint). Its cumulative
+    ``done`` says step 1 is finished, but nobody ran step 1 for rank 0: the step holds rank
+    1's data only, and must say so. It went out complete when the old process had logged
+    nothing of it (nothing to withdraw)."""
+    h = Harness()
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    h.send(metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0), metrics(2, 0, {LOSS: 3.0}), P.Done(2, 2, 0))
+    h.send(metrics(2, 1, {LOSS: 5.0}), P.Done(2, 3, 1))
+    if begun:
+        h.send(metrics(1, 1, {LOSS: 9.0}))
+    h.send(hello(3, rank=0, ws=2), metrics(3, 2, {LOSS: 7.0}), P.Done(3, 2, 2))
+    h.send(metrics(2, 2, {LOSS: 9.0}), P.Done(2, 4, 2))
+    assert [(r.step, r.partial, r.missing, r.metrics[LOSS]) for r in h.records] == [
+        (0, False, (), 2.0),
+        (1, True, ("actor_train/0",), 5.0),
+        (2, False, (), 8.0),
+    ]
+
+
+def test_a_restarted_rank_that_logs_the_step_again_keeps_every_step_complete() -> None:
+    """The usual restart: the new process logs the step its predecessor died in again."""
+    h = Harness()
+    h.send(hello(1, rank=0, ws=1), metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0))
+    h.send(metrics(1, 1, {LOSS: 9.0}))
+    h.send(hello(2, rank=0, ws=1), metrics(2, 1, {LOSS: 3.0}), P.Done(2, 2, 1))
+    assert [(r.step, r.partial, r.metrics[LOSS]) for r in h.records] == [
+        (0, False, 1.0),
+        (1, False, 3.0),
+    ]
+
+
+def test_where_a_restarted_rank_resumes_survives_a_checkpoint() -> None:
+    """A checkpoint taken between the new process's hello and its first step keeps what its
+    predecessor finished, so a restored collector still tells the skipped steps apart."""
+    h = Harness()
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    h.send(metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0), hello(3, rank=0, ws=2))
+    saved = h.agg.membership.snapshot()
+    restored = Harness()
+    restored.agg.membership.restore(saved, 0.0)
+    assert restored.agg.membership.producers[3].resumes_after == 0
+    assert restored.agg.membership.resuming == {3}
+
+
 def test_too_many_open_steps_emit_the_oldest() -> None:
     """Past the hard bound (8 x max_open_steps) the oldest steps go out partial; below it a
     producer that runs ahead is held back instead (``admits``, the daemon's business)."""
