@@ -144,10 +144,19 @@ class Relay:
     def reopen(
         self, agg: Aggregator, run: RunSteps, prod: ProducerInfo, step: int
     ) -> set[Slot] | None:
-        """A rank's data for a step already forwarded without it: a new delta for the step
-        (the root adds it), unless its data for the step already went (then it is late)."""
-        done = self._forwarded(run.name).slots.get(step)
-        if done is None or prod.slot in done:
+        """A rank's data for a step below the last one forwarded: a new delta for the step
+        (the root adds it, or counts it late), unless its data for the step already went
+        (then it is late here). A step this relay never forwarded (none of its ranks had
+        data for it then: a rank restarted behind it goes on from a later step, and another
+        registers later with the earlier steps) is opened as a new step; once steps were
+        forgotten (``FORWARDED_STEPS``), one older than every step remembered is late."""
+        forwarded = self._forwarded(run.name).slots
+        done = forwarded.get(step)
+        if done is None:
+            if len(forwarded) >= FORWARDED_STEPS and step < min(forwarded):
+                return None
+            done = set()
+        elif prod.slot in done:
             return None
         return agg.membership.finished_slots(run.name, step) | done
 

@@ -210,3 +210,50 @@ def test_endpoints_behind_a_relay_are_listed_at_the_root_until_gone() -> None:
     assert listed() == [(rank_url, "actor_train", 0)], "the engine's goodbye reached the root"
     later = t.clock[0] + TIMING["liveness_s"]  # relay A silent until then: all presumed gone
     assert t.root.membership.scrape_targets(later) == []
+
+
+def test_a_rank_restarted_behind_another_relay_never_makes_a_step_complete_without_it() -> None:
+    """Rank 0 (behind relay A) finishes steps 0 and 1 and dies; relay A holds them, waiting
+    for rank 1, which died in step 0. Both come back behind relay B: rank 1 logs step 0
+    again, rank 0 goes on from step 2. The root never got rank 0's steps 0 and 1 (they
+    still wait at relay A) and its new process never ran them, yet its cumulative ``done``
+    (and the watermarks relay B reports, which data for step 2 implies) said they were
+    finished: steps 0 and 1 went out complete with rank 1's data only. They must go out
+    partial, naming rank 0; relay A's copy, when it comes, is late (counted)."""
+    t = Tiers()
+    t.send("A", hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    t.send("A", metrics(1, 0, {LOSS: 1.0}), metrics(2, 0, {LOSS: 50.0}))  # rank 1 dies here
+    t.send("A", P.Done(1, 2, 0), metrics(1, 1, {LOSS: 1.0}), P.Done(1, 3, 1))  # rank 0 too
+    t.send("B", hello(4, rank=1, ws=2), hello(3, rank=0, ws=2))
+    t.send("B", metrics(3, 2, {LOSS: 7.0}), P.Done(3, 2, 2))
+    for step in range(3):
+        t.send("B", metrics(4, step, {LOSS: 3.0}), P.Done(4, 2 + step, step))
+    for _ in range(int((TIMING["liveness_s"] + TIMING["grace_s"]) / HEARTBEAT_S) + 2):
+        t.tick(HEARTBEAT_S)  # relay A gives up on rank 1 and forwards what it holds
+    assert [(r.step, r.partial, r.missing) for r in t.out] == [
+        (0, True, ("actor_train/0",)),
+        (1, True, ("actor_train/0",)),
+        (2, False, ()),
+    ]
+    assert [r.metrics[LOSS] for r in t.out] == [3.0, 3.0, 5.0]
+    assert t.root.health.late > 0
+
+
+def test_a_step_a_relay_never_forwarded_is_opened_for_a_rank_that_brings_it_later() -> None:
+    """Relay B's first rank has no data before step 2, so B forwards step 2 first; a rank
+    that registers at B later with data for steps 0 and 1 must have them forwarded as new
+    steps. They were counted late at the relay (never forwarded, below the last one), and
+    the root never saw steps 0 and 1."""
+    t = Tiers()
+    t.send("B", hello(1, rank=0, ws=2), metrics(1, 2, {LOSS: 1.0}), P.Done(1, 2, 2))
+    assert [r.step for r in t.relays["B"].sent if r.kind == "delta"] == [2]
+    t.send("B", hello(2, rank=1, ws=2))
+    for step in range(3):
+        t.send("B", metrics(2, step, {LOSS: 3.0}), P.Done(2, 2 + step, step))
+    assert [(r.step, r.partial, r.metrics[LOSS]) for r in t.out] == [
+        (0, False, 3.0),
+        (1, False, 3.0),
+        (2, False, 2.0),
+    ]
+    assert t.relays["B"].agg.health.late == 0 and t.root.health.late == 0
+    t.same_as_reference()
