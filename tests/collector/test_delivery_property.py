@@ -105,11 +105,12 @@ class ProducerSide:
     st.integers(0, 8),
     st.integers(2, 40),
     st.integers(1, 8),
-    st.randoms(use_true_random=False),
+    st.integers(0, 2**32 - 1),
 )
 def test_every_message_is_applied_once_in_order_through_loss_repeats_and_holds(
-    producers, messages, loss, repeat, jitter, max_unacked, max_held, rnd
+    producers, messages, loss, repeat, jitter, max_unacked, max_held, seed
 ) -> None:
+    rnd = random.Random(seed)  # drawn as a seed: the network draws too many numbers to shrink
     now = [0.0]
     d = Delivery(clock=lambda: now[0], ack_delay_s=0.05, max_held=max_held)
     up = Network(rnd, loss, repeat, jitter)
