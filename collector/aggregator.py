@@ -245,18 +245,25 @@ class Aggregator:
             return
         if kind is protocol.Metrics:
             run = self._run(prod.run)
+            sealing = False
             if not self.membership.holds_slot(prod):
-                self._conflict(prod, len(msg.entries), replay)  # type: ignore[union-attr]
-                return
+                if not (replay and self.membership.replaced(prod)):
+                    self._conflict(prod, len(msg.entries), replay)  # type: ignore[union-attr]
+                    return
+                # Recovery replays the log knowing who holds each slot now; a process
+                # replaced since held its slot when this came. Its finished steps keep it.
+                sealing = True
             bit = self.membership.runs[prod.run].role_bits[prod.role]
             entries = msg.entries  # type: ignore[union-attr]
             if msg.sketches:  # type: ignore[union-attr]
                 sketches = by_table_row(msg.sketches, len(entries))  # type: ignore[union-attr]
                 for entry, sketch in zip(entries, sketches, strict=True):
-                    self._entry(run, prod, bit, entry, now, position, replay, sketch)
+                    self._entry(run, prod, bit, entry, now, position, replay, sketch, sealing)
             else:
                 for entry in entries:
-                    self._entry(run, prod, bit, entry, now, position, replay)
+                    self._entry(run, prod, bit, entry, now, position, replay, sealing=sealing)
+            if sealing:
+                return
             if prod.resumes_after is not None and msg.done >= 0:  # type: ignore[union-attr]
                 self._resume(prod, msg.done)  # type: ignore[union-attr]
             self._finished(run, prod, msg.done, now)  # type: ignore[union-attr]
@@ -359,10 +366,17 @@ class Aggregator:
         position: object,
         replay: bool,
         sketches: dict[int, bytes] | None = None,
+        sealing: bool = False,
     ) -> None:
+        """One entry of ``prod``'s. ``sealing`` (recovery only): ``prod`` has been replaced
+        since; its data counts for the steps it had finished, as at the takeover
+        (``RunSteps.withdraw``): kept, the slot finished there, and sealed against the new
+        process's repeats. Its data for later steps had been withdrawn."""
+        step, t, table, values, nonfinite = entry
+        if sealing and step > prod.watermark:
+            return
         if not replay:
             self.health.events_received += 1
-        step, t, table, values, nonfinite = entry
         if prod.resumes_after is not None:
             self._resume(prod, step)
         if type(table) is int:  # version 2: a table of the producer's hello
@@ -386,7 +400,7 @@ class Aggregator:
             else:
                 finished = self.membership.finished_slots(run.name, step)
                 state = run.open(step, now, finished, position)
-        elif state.sealed and prod.slot in state.sealed:  # a restarted rank repeating a step
+        elif state.sealed and prod.slot in state.sealed and not sealing:  # a repeat of it
             if not replay:
                 prod.late += 1
                 self._late(run, f"{prod.role}/{prod.rank} (restarted)", step)
@@ -395,7 +409,10 @@ class Aggregator:
         spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
         if spans:
             state.spans += spans
-        if step - 1 > prod.watermark:
+        if sealing:
+            state.sealed.add(prod.slot)
+            state.finish(prod.slot, now)
+        elif step - 1 > prod.watermark:
             self._advance(prod, step - 1, now)
 
     def _after_emission(
@@ -607,7 +624,10 @@ class Aggregator:
         """Producers and per-run progress (open steps excluded: they are rebuilt from the log)."""
         out = self.membership.snapshot()
         for name, data in out["runs"].items():
-            data["last_emitted"] = self.steps[name].last_emitted if name in self.steps else -1
+            run = self.steps.get(name)
+            data["last_emitted"] = run.last_emitted if run is not None else -1
+            if run is not None and run.skipped:  # re-marked on the open steps rebuilt
+                data["skipped"] = [[*slot, *bounds] for slot, bounds in run.skipped.items()]
         self.output.snapshot(self, out)
         return out
 
@@ -616,4 +636,6 @@ class Aggregator:
         for name, data in snapshot.get("runs", {}).items():
             run = self._run(name)
             run.last_emitted = int(data["last_emitted"])
+            for role, rank, after, first in data.get("skipped", []):
+                run.skipped[(role, int(rank))] = (int(after), int(first))
         self.output.restore(self, snapshot)

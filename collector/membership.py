@@ -412,6 +412,12 @@ class Membership:
         run = self.runs[prod.run]
         return run.slots.get(prod.slot) == prod.pid and prod.rank < run.roles[prod.role]
 
+    def replaced(self, prod: ProducerInfo) -> bool:
+        """Whether another process has taken ``prod``'s slot (one within the world size)."""
+        run = self.runs[prod.run]
+        holder = run.slots.get(prod.slot)
+        return holder is not None and holder != prod.pid and prod.rank < run.roles[prod.role]
+
     def gone(self, run_name: str, slot: Slot, now: float) -> bool:
         """The slot's producer fell silent, or nobody registered for it in time."""
         run = self.runs[run_name]

@@ -164,7 +164,8 @@ class RunSteps:
         self.last_emitted = -1
         self.skipped: dict[Slot, tuple[int, int]] = {}
         """Per slot, the steps strictly between two bounds that neither its replaced process
-        nor its new one ran (:meth:`skip`): a step opened later among them is missing the
+        nor its new one ran (:meth:`skip`): a step opened later among them (or rebuilt from
+        the write-ahead log after a restart: this is in the checkpoint) is missing the
         slot's data unless the new process gives some."""
         self._pending: dict[int, dict[int, _Group]] = {}
         """Entries waiting to be merged: by step, then by layout (``id``)."""
@@ -419,7 +420,7 @@ class RunSteps:
         for state in self.steps.values():
             if after < state.step < first:
                 state.withdrawn.add(slot)
-        if first - 1 > self.last_emitted:  # for the steps no rank has opened yet
+        if first - 1 > self.last_emitted:  # for steps opened later, or rebuilt after a restart
             self.skipped[slot] = (after, first)
 
     def _rebuild(self, state: StepState, inputs: list[tuple]) -> None:

@@ -219,16 +219,57 @@ def test_a_restarted_rank_that_logs_the_step_again_keeps_every_step_complete() -
 
 
 def test_where_a_restarted_rank_resumes_survives_a_checkpoint() -> None:
-    """A checkpoint taken between the new process's hello and its first step keeps what its
-    predecessor finished, so a restored collector still tells the skipped steps apart."""
+    """A checkpoint keeps what a new process's predecessor had finished (taken before its
+    first step) and the steps it skipped (taken after): a collector restored from it, whose
+    open steps are rebuilt from the write-ahead log, still emits the skipped step partial."""
     h = Harness()
     h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
     h.send(metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0), hello(3, rank=0, ws=2))
-    saved = h.agg.membership.snapshot()
+    before_first = h.agg.snapshot()
     restored = Harness()
-    restored.agg.membership.restore(saved, 0.0)
+    restored.agg.restore(before_first, 0.0)
     assert restored.agg.membership.producers[3].resumes_after == 0
     assert restored.agg.membership.resuming == {3}
+
+    h.send(metrics(3, 2, {LOSS: 7.0}), P.Done(3, 2, 2))  # rank 0 goes on from step 2
+    after_first = h.agg.snapshot()
+    restored = Harness()
+    restored.agg.restore(after_first, 0.0)
+    for msg in (metrics(2, 0, {LOSS: 3.0}), P.Done(2, 2, 0), metrics(3, 2, {LOSS: 7.0})):
+        restored.agg.handle(msg, 0.0, replay=True)  # the log from the oldest open step on
+    restored.send(metrics(2, 1, {LOSS: 5.0}), P.Done(2, 3, 1), P.Done(3, 3, 2))
+    restored.send(metrics(2, 2, {LOSS: 9.0}), P.Done(2, 4, 2))
+    assert [(r.step, r.partial, r.missing) for r in restored.records] == [
+        (0, False, ()),
+        (1, True, ("actor_train/0",)),
+        (2, False, ()),
+    ]
+
+
+def test_a_restored_collector_keeps_a_replaced_ranks_finished_step() -> None:
+    """Rank 0 finishes step 0 and dies in step 1; its new process repeats step 0 (late) and
+    logs step 1. A collector restored from its checkpoint rebuilds the open steps from the
+    write-ahead log, knowing who holds each slot *now*: the old process's data for step 0
+    was refused as a conflict, and step 0 went out complete with rank 1's data only (3.0,
+    not 2.0). It must come out as it would have without the restart."""
+    rank0_old = (metrics(1, 0, {LOSS: 1.0}), metrics(1, 0, {LOSS: 2.0}), P.Done(1, 2, 0))
+    rank0_old += (metrics(1, 1, {LOSS: 1.5}),)  # then it dies
+    rank0_new = (hello(3, rank=0, ws=2), metrics(3, 0, {LOSS: 99.0}), metrics(3, 1, {LOSS: 7.0}))
+    rest = (metrics(2, 0, {LOSS: 3.0}), P.Done(2, 2, 0), metrics(2, 1, {LOSS: 5.0}))
+    rest += (P.Done(2, 3, 1), P.Done(3, 3, 1))
+
+    def emitted(h: Harness) -> list[tuple]:
+        return [(r.step, r.partial, r.ranks, r.metrics[LOSS]) for r in h.records]
+
+    h = Harness()
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2), *rank0_old, *rank0_new)
+    restored = Harness()
+    restored.agg.restore(h.agg.snapshot(), 0.0)
+    for msg in (*rank0_old, *rank0_new):  # the log from step 0's first data on
+        restored.agg.handle(msg, 0.0, replay=True)
+    h.send(*rest)
+    restored.send(*rest)
+    assert emitted(restored) == emitted(h) == [(0, False, 2, 2.0), (1, False, 2, 6.0)]
 
 
 def test_too_many_open_steps_emit_the_oldest() -> None:
