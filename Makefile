@@ -13,7 +13,7 @@ IVENV := .venv-integrations
 IPY := $(IVENV)/bin/python
 ISTAMP := $(IVENV)/.rlpulse-installed
 
-.PHONY: install install-integrations wheelhouse demo demo-synthetic test test-slow lint bench clean
+.PHONY: install install-integrations wheelhouse gpu-stage demo demo-synthetic test test-slow lint bench clean
 
 # torch goes first and pinned, so nothing later resolves it to a CUDA build.
 $(STAMP): pyproject.toml
@@ -48,7 +48,15 @@ WHEELHOUSE := .wheelhouse
 wheelhouse: pyproject.toml
 	$(PY) -m pip download --quiet --disable-pip-version-check --no-build-isolation -d $(WHEELHOUSE) .
 
-test: install install-integrations wheelhouse
+# What a GPU machine without pyzmq, msgspec or Ray (and without a registry) needs beside the
+# checkout to run `bash scripts/gpu-check.sh`: their wheels for its Python, in .gpu-stage/
+# (ignored by git; carry it along). tests/test_gpu_check.py checks what it holds.
+GPU_STAGE := .gpu-stage
+
+gpu-stage: install
+	$(PY) scripts/gpu_stage.py --dest $(GPU_STAGE)
+
+test: install install-integrations wheelhouse gpu-stage
 	bash scripts/install-system-deps.sh
 	bash scripts/run-tests.sh $(PYTEST_ARGS)
 
@@ -64,4 +72,4 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(IVENV) $(WHEELHOUSE) runs out .pytest_cache
+	rm -rf $(VENV) $(IVENV) $(WHEELHOUSE) $(GPU_STAGE) runs out .pytest_cache

@@ -109,7 +109,10 @@ def create_workers(
         # Rank 0 hosts the rendezvous; every rank must join at once, or init blocks.
         host = ray.get(actors[0].node_ip.remote())
         port = ray.get(actors[0].rendezvous_port.remote())
-        ray.get([a.init_comm.remote(f"tcp://{host}:{port}") for a in actors])
+        # NCCL refuses two ranks on one GPU; ranks that share GPUs all-reduce through gloo,
+        # which takes CUDA tensors too.
+        backend = "nccl" if gpu >= 1.0 else "gloo"
+        ray.get([a.init_comm.remote(f"tcp://{host}:{port}", backend) for a in actors])
     return workers
 
 

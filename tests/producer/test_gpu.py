@@ -1,8 +1,10 @@
 """On a real GPU, under ``torch.cuda.set_sync_debug_mode("error")``: ``log()``, phases and
-GPU state never synchronize, never wait for queued work, and report exact values.
+GPU state never synchronize, never wait for queued work, and report exact values. Strict mode
+holds until ``close()`` has returned, so the sender thread's reductions and copies run under it
+too (the mode is process-wide).
 
-Marked ``gpu``; skipped without CUDA. Run them with ``.venv/bin/python -m pytest -m gpu
-tests/producer/test_gpu.py`` on a GPU machine (see README, "GPU checks").
+Marked ``gpu``; skipped without CUDA. ``bash scripts/gpu-check.sh`` runs them on a GPU machine
+with the rest of the GPU checks (README, "On a GPU").
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def test_log_returns_while_the_gpu_is_still_busy(inbox) -> None:
         busy = gpu_busy_ms(300)
         p.log({"v": values, "m": Masked(values, mask), "s": total}, step=0)
         still_busy = not busy.query()
+        p.close(timeout=10)  # the sender's reductions run under strict mode too
     assert still_busy, "log() returned only after the queued GPU work finished"
-    p.close(timeout=10)
     out = got(inbox)
     assert out["v"] == pytest.approx(want, rel=1e-9)
     assert out["m"] == pytest.approx(want_masked, rel=1e-9)
@@ -120,7 +122,7 @@ def test_every_input_kind_is_exact_without_a_sync(inbox, dtype, n) -> None:
             step=0,
         )
         p.log({"host_mask": Masked(values, host_mask.numpy())}, step=1)
-    p.close(timeout=10)
+        p.close(timeout=10)
     out = got(inbox)
     assert out["plain"] == pytest.approx(exact(values), rel=1e-9)
     assert out["side"] == pytest.approx(exact(values), rel=1e-9)
@@ -147,11 +149,15 @@ def test_read_only_host_memory_beside_a_gpu_tensor_is_exact_and_warns_nothing(in
     frozen_values = values.cpu().numpy()
     frozen_values.flags.writeable = False
     p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
-    p.log(
-        {"host_mask": Masked(values, frozen_mask), "host_values": Masked(frozen_values, cuda_mask)},
-        step=0,
-    )
-    p.close(timeout=10)
+    with strict():
+        p.log(
+            {
+                "host_mask": Masked(values, frozen_mask),
+                "host_values": Masked(frozen_values, cuda_mask),
+            },
+            step=0,
+        )
+        p.close(timeout=10)
     out = got(inbox)
     assert p.stats()["errors"] == 0 and p.stats()["invalid"] == 0
     assert out["host_mask"] == pytest.approx(exact(values, cuda_mask), rel=1e-9)
@@ -172,7 +178,7 @@ def test_past_the_snapshot_budget_reduction_on_the_callers_stream_does_not_sync(
     )
     with strict():
         p.log({"big": values}, step=0)
-    p.close(timeout=10)
+        p.close(timeout=10)
     assert got(inbox)["big"] == pytest.approx(exact(values), rel=1e-9)
 
 
@@ -180,9 +186,10 @@ def test_phase_reports_the_gpu_time_of_the_work_it_queued(inbox) -> None:
     gpu_busy_ms(1)  # calibrate outside strict mode
     p = Producer(inbox.address, run="r", role="actor_train", config=ProducerConfig(gpu_sample_s=0))
     torch.cuda.synchronize()
-    with strict(), p.phase("actor_train/train_step", step=0):
-        gpu_busy_ms(300)  # queued, not waited for
-    p.close(timeout=10)
+    with strict():
+        with p.phase("actor_train/train_step", step=0):
+            gpu_busy_ms(300)  # queued, not waited for
+        p.close(timeout=10)
     out = got(inbox)
     part = {
         k: out[M.TIME_PHASE_GPU.format(cluster="actor_train", phase="train_step", part=k)][0]

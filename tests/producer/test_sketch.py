@@ -151,7 +151,7 @@ def test_on_a_gpu_the_sketch_is_built_without_synchronizing(inbox) -> None:
     with strict():  # any synchronizing call raises, in the caller and the sender alike
         gpu_busy_ms(200)
         p.log({ADV: Masked(values, mask)}, step=0)
-    p.close()
+        p.close()
     (got,) = sketches(inbox.receive(until=has_bye))
     assert (got[ADV] == expected).all()
     assert p.stats()["errors"] == 0

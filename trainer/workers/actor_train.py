@@ -43,11 +43,13 @@ class ActorTrainWorker(Worker):
     def rendezvous_port(self) -> int:
         return free_port("0.0.0.0")
 
-    def init_comm(self, init_method: str) -> bool:
+    def init_comm(self, init_method: str, backend: str = "gloo") -> bool:
         """Join the role's process group (every rank calls this at once; it blocks until all
-        have joined)."""
+        have joined). ``backend``: ``nccl`` where each rank has a GPU of its own (the driver
+        decides), else ``gloo``."""
         if self.spec.world_size > 1:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type != "cuda":
+                backend = "gloo"
             self.comm = TorchDistComm(init_method, self.spec.rank, self.spec.world_size, backend)
             self.trainer.comm = self.comm
         return True
