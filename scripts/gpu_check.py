@@ -486,7 +486,7 @@ def run_check(name: str, out: Path, extra: list[str]) -> tuple[list[Row], dict[s
     return result["rows"], result["details"], time.monotonic() - start
 
 
-def check_all(out: Path, calls: int) -> int:
+def check_all(out: Path, calls: int, only: list[str] | None = None) -> int:
     import torch
 
     started = time.time()
@@ -511,6 +511,8 @@ def check_all(out: Path, calls: int) -> int:
         ("bench", ["--calls", str(calls)]),
         ("trainer", []),
     ):
+        if only and name not in only:
+            continue
         got, details, seconds = run_check(name, out, extra)
         checks[name] = {"rows": got, "details": details, "seconds": round(seconds, 1)}
         rows += got
@@ -546,10 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "gpu-check")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument(
+        "--only", action="append", choices=list(LIMITS_S), help="with all: run only these"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.check == "all":
-        return check_all(args.out, args.calls)
+        return check_all(args.out, args.calls, args.only)
     if args.check == "tests":
         check_tests(args.out)
     elif args.check == "merge":
