@@ -83,6 +83,7 @@ class NvmlSampler:
         self.off_reason: str | None = None
         self._noted: set[str] = set()
         self._names: dict[tuple[int, str], str] = {}
+        self._memory_v2 = True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -164,7 +165,7 @@ class NvmlSampler:
         pids = self._pids()
         for device, handle in self._handles:
             try:
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                memory = self._memory(handle)
                 out[self._name(device, "memory_used")] = memory.used / GIB
                 out[self._name(device, "memory_total")] = memory.total / GIB
             except Exception as exc:
@@ -191,6 +192,21 @@ class NvmlSampler:
                 "namespace hides it, as in many containers): memory_process is not reported",
             )
         return out
+
+    def _memory(self, handle: Any) -> Any:
+        """The device's memory as ``nvidia-smi`` shows it: NVML's v2 reading, whose ``used``
+        leaves out what the driver reserves for itself (the v1 reading counts it as used:
+        2.07 GiB against nvidia-smi's 1.60 on an idle H100 holding 1 GiB). v1 where the
+        driver or the bindings lack v2."""
+        nvml = self._nvml
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None and self._memory_v2:
+            try:
+                return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except Exception as exc:  # NVMLError_FunctionNotFound on older drivers
+                self._memory_v2 = False
+                self._note("memory-v2", f"NVML's v2 memory reading is unavailable ({exc})")
+        return nvml.nvmlDeviceGetMemoryInfo(handle)
 
     def _process(self, handle: Any, pids: set[int]) -> float | None:
         """Bytes our processes use on the device; None when NVML withholds the numbers."""

@@ -1,8 +1,8 @@
 """Memory probes for phase boundaries: the worker process (psutil) and its CUDA devices.
 
 Values are GiB (bytes / 1024**3), the catalog's unit. torch is never imported here: the GPU
-probe runs only when the process has already imported torch and CUDA is available, so a
-CPU-only worker pays nothing.
+probe runs only when the process has already imported torch and started CUDA, so a CPU-only
+worker pays nothing, and a worker that never touches the GPU gets no CUDA context from it.
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ class MemoryProbe:
         self._torch = torch
 
     def _cuda(self) -> Any | None:
+        """``torch.cuda`` once this process has started CUDA; None before (and without it).
+        A probe must not be what starts it: ``get_device_properties`` would create a CUDA
+        context (hundreds of MiB of GPU memory) in a worker that never uses the GPU, and
+        ``reset_peak_memory_stats`` raises 'Invalid device argument' before the allocator
+        exists (six such errors in a trainer run on an H100, one per worker)."""
         torch = self._torch if self._torch is not None else sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
+        if torch is None or not torch.cuda.is_initialized():
             return None
         return torch.cuda
 

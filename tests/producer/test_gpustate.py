@@ -178,3 +178,44 @@ def test_gpu_sample_s_zero_turns_readings_off(inbox) -> None:
     p.close()
     inbox.receive(until=has_bye)
     assert nvml.inits == 0 and nvml.calls == 0
+
+
+class FakeNvmlV2(FakeNvml):
+    """A driver with NVML's v2 memory reading: ``used`` leaves out the 512 MiB the driver
+    reserves for itself, as ``nvidia-smi`` shows it; v1 counts them as used."""
+
+    nvmlMemory_v2 = 0x2000028
+
+    def __init__(self, v2_works: bool = True) -> None:
+        super().__init__()
+        self.v2_works = v2_works
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:
+        self.calls += 1
+        used, reserved = (10 + h) * (1 << 30), 512 << 20
+        if version is None:
+            return SimpleNamespace(used=used + reserved, total=80 * (1 << 30))
+        if not self.v2_works:
+            raise NotSupported("Function Not Found")
+        assert version == self.nvmlMemory_v2
+        return SimpleNamespace(used=used, reserved=reserved, total=80 * (1 << 30))
+
+
+def test_memory_used_is_what_nvidia_smi_shows_where_nvml_has_the_v2_reading() -> None:
+    sampler = NvmlSampler("rollout", nvml=FakeNvmlV2(), environ={}, pids=lambda: {ME})
+    assert sampler.start()
+    readings = sampler.sample()
+    assert readings[name(M.GPU_DEVICE_MEMORY, "memory_used")] == 10.0
+    assert readings[name(M.GPU_DEVICE_MEMORY, "memory_used", 1)] == 11.0
+
+
+def test_without_the_v2_reading_memory_used_falls_back_to_v1_and_says_so(caplog) -> None:
+    caplog.set_level(logging.INFO, "rlpulse.producer")
+    fake = FakeNvmlV2(v2_works=False)
+    sampler = NvmlSampler("rollout", nvml=fake, environ={}, pids=lambda: {ME})
+    assert sampler.start()
+    for _ in range(2):
+        readings = sampler.sample()
+        assert readings[name(M.GPU_DEVICE_MEMORY, "memory_used")] == 10.5
+    assert caplog.text.count("v2 memory reading is unavailable") == 1
+    assert fake.calls == 5  # one failed v2 try, then v1 for each device and reading

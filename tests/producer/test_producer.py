@@ -244,17 +244,23 @@ def test_step_done_and_phase(inbox) -> None:
 class FakeCuda:
     """Stands in for torch.cuda so the GPU snapshot logic runs on a CPU machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, initialized: bool = True) -> None:
         self.allocated = 1 << 30
+        self.initialized = initialized
+        self.properties_read = 0
 
     def is_available(self) -> bool:
         return True
+
+    def is_initialized(self) -> bool:
+        return self.initialized
 
     def device_count(self) -> int:
         return 2
 
     def reset_peak_memory_stats(self, device: int) -> None:
-        pass
+        if not self.initialized:  # as torch's: no allocator before CUDA starts
+            raise RuntimeError("Invalid device argument ")
 
     def memory_allocated(self, device: int) -> int:
         return self.allocated * (device + 1)
@@ -262,6 +268,8 @@ class FakeCuda:
     memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
 
     def get_device_properties(self, device: int):
+        self.properties_read += 1
+        self.initialized = True  # as torch's: reading the properties starts CUDA
         return type("Props", (), {"total_memory": 8 << 30})()
 
 
@@ -295,3 +303,25 @@ def test_phase_records_gpu_snapshots_per_device(inbox) -> None:
     assert gpu("end", "onload", "max_allocated_frac", 1) == 0.5
     assert gpu("end", "offload", "reserved", 0) == 2.0
     assert not any("start/offload/max_allocated_frac" in n for n in names)
+
+
+def test_a_phase_in_a_process_that_has_not_started_cuda_neither_starts_it_nor_fails(inbox) -> None:
+    """A worker that never uses its GPU (a rule-based reward): before this, the phase probe's
+    reset_peak_memory_stats raised 'Invalid device argument' (one error per worker in a
+    trainer run on an H100) and get_device_properties then started CUDA in that worker."""
+    from rlpulse.producer.memory import MemoryProbe
+
+    fake = FakeCuda(initialized=False)
+    probe = MemoryProbe(torch=type("T", (), {"cuda": fake})())
+    p = Producer(inbox.address, run="r", role="reward", memory_probe=probe)
+    with p.phase("reward/compute_rewards", step=0):
+        pass
+    p.close()
+    names = {n for e in entries(inbox.receive(until=has_bye)) for n in by_name(e)}
+    assert p.stats()["errors"] == 0
+    assert not fake.initialized and fake.properties_read == 0
+    assert not [n for n in names if n.startswith("memory/reward/")]
+    assert (
+        M.MEMORY_CPU.format(cluster="reward", phase="compute_rewards", when="end", kind="rss")
+        in names
+    )
