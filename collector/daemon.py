@@ -67,8 +67,9 @@ RETRY_S = 1.0
 class Collector:
     """The daemon, constructed from a config; ``run()`` blocks until ``stop()`` or a signal.
 
-    ``sinks`` replaces the configured trackers (tests pass in-memory ones); ``environ`` is
-    where the trackers' environment variables are read (``rlpulse.collector.env``).
+    ``sinks`` replaces the configured trackers (tests pass in-memory ones); ``wall_clock``
+    bounds the producers' ``log()`` times; ``environ`` is where the trackers' environment
+    variables are read (``rlpulse.collector.env``).
 
     >>> # c = Collector(CollectorConfig.load("collector.yaml")); c.run()
     """
@@ -79,9 +80,13 @@ class Collector:
         *,
         sinks: Mapping[str, Sink] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
         self.config = config
+        self._wall_clock = wall_clock
+        """Bounds the producers' ``log()`` times (``Aggregator``): records keep this clock's
+        time when a rank's clock is ahead."""
         self.health = Health(sinks=self._sink_stats)
         self.health.state_writable = 1
         self._clock = clock
@@ -134,6 +139,7 @@ class Collector:
             output=Relay(relay) if relay is not None else None,
             health=self.health,
             catalog=CATALOG,
+            wall_clock=self._wall_clock,
         )
         self.delivery = Delivery(self.health, clock=clock)
         self.limits = protocol.Limits(

@@ -165,6 +165,13 @@ class Health:
         "Steps emitted partial because a role had more contributors than its world size, or "
         "held data of a replaced process that could not be withdrawn (behind a relay).",
     )
+    clock_skew = SelfMetric(
+        "rlpulse_collector_clock_skew_entries_total",
+        "Entries whose log() time was ahead of the collector's clock when it received them "
+        "(by more than CLOCK_SKEW_S: a rank's clock is ahead). Their time was bounded by the "
+        "receive time, so records and system/tps keep the collector's time; each skewed rank "
+        "is named once in the log.",
+    )
     unapplied = SelfMetric(
         "rlpulse_collector_unapplied_entries_total",
         "Entries from producers whose registration never arrived, lost at shutdown.",
