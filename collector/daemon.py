@@ -152,7 +152,11 @@ class Collector:
         self._endpoint = Endpoint(config, self._zmq)
         self.address: str = self._endpoint.address
         self.receiver = Receiver(
-            self._endpoint.socket, self.limits, self.health, self._endpoint.monitor
+            self._endpoint.socket,
+            self.limits,
+            self.health,
+            self._endpoint.monitor,
+            screen=self.delivery.screen,
         )
 
     def _sink_stats(self) -> dict[str, dict[str, float]]:
