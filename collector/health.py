@@ -266,9 +266,27 @@ self-metric, and the counters summed into it over every producer."""
 PRODUCER_METRICS = tuple(metric for metric, _ in PRODUCER_COUNTERS)
 
 
+HTTP_TIMEOUTS = SelfMetric(
+    "rlpulse_collector_http_timeouts_total",
+    "Connections to /metrics or /sd closed without an answer: no whole request head arrived "
+    "within the server's timeout (idle, half-open or slow clients).",
+    key="http_timeouts",
+)
+HTTP_OVERSIZED = SelfMetric(
+    "rlpulse_collector_http_oversized_total",
+    "Requests to /metrics or /sd refused (431) because their head was larger than the server "
+    "reads.",
+    key="http_oversized",
+)
+HTTP_METRICS = (HTTP_TIMEOUTS, HTTP_OVERSIZED)
+"""The /metrics server's own counters (``rlpulse.collector.sinks.promhttp``): the Prometheus
+sink adds them to the health snapshot it renders."""
+
+
 def exported() -> Iterator[SelfMetric]:
     """Every self-metric the Prometheus sink renders, labels aside."""
     yield from Health.declared()
     yield from PRODUCER_METRICS
+    yield from HTTP_METRICS
     yield MALFORMED
     yield from SINK_METRICS
