@@ -103,6 +103,8 @@ class Collector:
         self.discovery = Discovery(config.target_policy, self.health)
         self._discovery_due = 0.0
         self._endpoint: Endpoint | None = None
+        self._upstream: UpstreamSink | None = None
+        """A relay's sink, the collector above."""
         self._zmq = zmq.Context()
         try:
             self._start(sinks, environ)
@@ -118,7 +120,8 @@ class Collector:
         relay = None
         if config.upstream is not None:  # a relay: its one sink is the collector above
             relay = relay_id(config.state_dir)
-            sinks = {UpstreamSink.name: UpstreamSink(config, relay)}
+            self._upstream = UpstreamSink(config, relay)
+            sinks = {UpstreamSink.name: self._upstream}
         elif sinks is None:
             sinks = {
                 name: build_sink(name, kwargs, ctx, environ)
@@ -272,6 +275,13 @@ class Collector:
         self.health.disk_errors = self._disk_errors + sum(
             w.reader.write_errors for w in self.fanout.workers if w.reader is not None
         )
+        if self._upstream is not None:  # a relay tells the root, in its heartbeats
+            self._upstream.report(
+                {
+                    "disk_errors": self.health.disk_errors,
+                    "state_unwritable": 1 - self.health.state_writable,
+                }
+            )
 
     def _state_failed(self, exc: OSError) -> None:
         self._disk_errors += 1

@@ -256,10 +256,26 @@ PRODUCER_INVALID = SelfMetric(
     "Values producers left out of log() calls as invalid (a bad name, type or mask).",
     key="producer_invalid",
 )
+RELAY_DISK_ERRORS = SelfMetric(
+    "rlpulse_collector_relay_disk_errors_total",
+    "Failed writes under the state_dir of the relays below this collector, retries included, "
+    "as their heartbeats last said.",
+    key="relay_disk_errors",
+)
+RELAYS_UNWRITABLE = SelfMetric(
+    "rlpulse_collector_relays_state_unwritable",
+    "Relays below this collector whose state_dir cannot be written now (a full disk): they "
+    "receive nothing meanwhile (their ranks keep their data) but keep heartbeating, so their "
+    "ranks are not presumed dead for it.",
+    "gauge",
+    key="relays_state_unwritable",
+)
 PRODUCER_COUNTERS = (
     (PRODUCER_DROPPED, _SENDER_DROPS),
     (PRODUCER_ERRORS, ("errors",)),
     (PRODUCER_INVALID, ("invalid",)),
+    (RELAY_DISK_ERRORS, ("disk_errors",)),
+    (RELAYS_UNWRITABLE, ("state_unwritable",)),
 )
 """What the collector exports of the producers' own counters (``STAT_KEYS``): each
 self-metric, and the counters summed into it over every producer."""
