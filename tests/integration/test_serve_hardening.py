@@ -233,6 +233,7 @@ def test_connections_beyond_the_cap_are_answered_503_and_closed_at_once(server: 
     """Issue 38, item 10: half-open connections had no cap (each held its socket until its
     deadline). One beyond ``--max-connections`` is answered 503 ``overloaded`` before the
     server reads anything, and closed; the server serves again once the others are gone."""
+    before = server.answered()
     held = [
         socket.create_connection(("127.0.0.1", server.port), timeout=5)
         for _ in range(MAX_CONNECTIONS)
@@ -253,9 +254,10 @@ def test_connections_beyond_the_cap_are_answered_503_and_closed_at_once(server: 
     deadline = time.monotonic() + 10
     while True:  # the held ones are closed: served again
         try:
-            server.answered()
+            after = server.answered()
             break
         except (OSError, AssertionError):
             assert time.monotonic() < deadline
             time.sleep(0.1)
+    assert after.get(S.OVERLOADED, 0) == before.get(S.OVERLOADED, 0) + 1  # counted
     assert "refused 1 connections over max_connections (16)" in server.log.read_text()

@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         host=config.host,
         port=config.port,
         log_level="warning",
-        http=RequestDeadlineProtocol.with_timeout(config.request_timeout_s, config.max_connections),
+        http=RequestDeadlineProtocol.with_timeout(
+            config.request_timeout_s, config.max_connections, server.refused
+        ),
     )
     return 0
 

@@ -13,8 +13,9 @@ not limited: the deadline ends once the request is in.
 
 At most ``max_connections`` connections are open at once: one beyond is answered 503
 ``overloaded`` at once and closed (uvicorn has no cap by default: a flood of half-open
-connections each held a socket and its buffers until its deadline), and logged, at most once
-every ``REFUSED_LOG_S`` with the count since.
+connections each held a socket and its buffers until its deadline), counted by the server as
+an answer with error ``overloaded`` (``on_refused``: in ``/healthz`` and the serve metrics),
+and logged, at most once every ``REFUSED_LOG_S`` with the count since.
 
 >>> protocol = RequestDeadlineProtocol.with_timeout(5.0, 64)
 >>> protocol.request_timeout_s, protocol.max_connections
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import ClassVar
 
 import h11
@@ -54,20 +56,29 @@ class RequestDeadlineProtocol(H11Protocol):
     request_timeout_s: ClassVar[float] = 30.0
     max_connections: ClassVar[int] = 256
     _deadline: asyncio.TimerHandle | None = None
+    on_refused: ClassVar[Callable[[], None] | None] = None
+    """Called for each connection refused (the server counts it)."""
     _refused: ClassVar[list[float]] = [0, -REFUSED_LOG_S]
     """Connections refused since the last log line, and when that was (one server a process)."""
 
     @classmethod
     def with_timeout(
-        cls, seconds: float, max_connections: int = 256
+        cls,
+        seconds: float,
+        max_connections: int = 256,
+        on_refused: Callable[[], None] | None = None,
     ) -> type[RequestDeadlineProtocol]:
-        """This protocol with a deadline of ``seconds`` (a positive number) and at most
-        ``max_connections`` open at once."""
+        """This protocol with a deadline of ``seconds`` (a positive number), at most
+        ``max_connections`` open at once, and ``on_refused`` called per connection refused."""
         if not seconds > 0:
             raise ValueError(f"request timeout must be positive, got {seconds!r}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections!r}")
-        attrs = {"request_timeout_s": float(seconds), "max_connections": int(max_connections)}
+        attrs = {
+            "request_timeout_s": float(seconds),
+            "max_connections": int(max_connections),
+            "on_refused": staticmethod(on_refused) if on_refused is not None else None,
+        }
         return type(cls.__name__, (cls,), attrs)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -88,6 +99,8 @@ class RequestDeadlineProtocol(H11Protocol):
         ).encode()
         self.transport.write(_REFUSED % (len(body), body))
         self.transport.close()
+        if self.on_refused is not None:
+            self.on_refused()
         refused = self._refused
         refused[0] += 1
         now = self.loop.time()
