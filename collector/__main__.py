@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.daemon import Collector, write_ready_file
+from rlpulse.collector.receiver import return_large_buffers
 from rlpulse.schemas.errors import ConfigError
 
 PROG = "python -m rlpulse.collector"
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    return_large_buffers()  # bursts of large messages must not stay in the heap for good
     try:
         # Some problems show only when a port is bound or a file opened (a port in use, a
         # certificate that does not load): those raise ConfigError here, naming the field.

@@ -13,6 +13,12 @@ recovers through (``rlpulse.collector.durable.Recoverable``).
 
 Data for a step that was already emitted is *late*: counted and logged, never merged.
 
+A step's time is the latest ``log()`` time of any rank, read off the producers' clocks. With a
+``wall_clock`` (the daemon's), a time later than the collector's own when the message is
+handled is bounded to it: the collector can vouch that the call happened before it received
+it, not that a rank's clock is right. One rank's clock an hour ahead would otherwise put every
+record an hour in the future and break ``system/tps`` (``CLOCK_SKEW_S``).
+
 >>> agg = Aggregator(records.append, CollectorConfig(grace_s=30))  # doctest: +SKIP
 >>> agg.handle(hello_msg, now); agg.handle(metrics_msg, now); agg.poll(now)  # doctest: +SKIP
 """
@@ -40,6 +46,10 @@ from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import stragglers
 
 log = logging.getLogger("rlpulse.collector")
+CLOCK_SKEW_S = 2.0
+"""A ``log()`` time this much ahead of the collector's clock at receipt is counted
+(``Health.clock_skew``) and its rank named once in the log; any time ahead is bounded to the
+receive time (less than this is ordinary clock drift between hosts)."""
 
 
 class StepOutput(Protocol):
@@ -176,7 +186,10 @@ class Aggregator:
         output: StepOutput | None = None,
         health: Health | None = None,
         catalog: Catalog = CATALOG,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
+        """``wall_clock``: the collector's wall time (``time.time``), which bounds the
+        producers' ``log()`` times (see the module docstring); None trusts them as given."""
         self.emit = emit
         self.config = config
         self.output: StepOutput = output if output is not None else StepRecords(config.tps_window)
@@ -188,6 +201,9 @@ class Aggregator:
         self.steps: dict[str, RunSteps] = {}
         self.spans = SpanReader()
         self._ratelog = RateLimitedLog(log)
+        self._wall_clock = wall_clock
+        self._skewed: set[int] = set()
+        """Producers (and relays) already named in a clock-skew warning."""
 
     @property
     def producers(self) -> dict[int, ProducerInfo]:
@@ -255,6 +271,8 @@ class Aggregator:
                 sealing = True
             bit = self.membership.runs[prod.run].role_bits[prod.role]
             entries = msg.entries  # type: ignore[union-attr]
+            if self._wall_clock is not None:
+                entries = self._bound_times(prod, entries, replay)
             if msg.sketches:  # type: ignore[union-attr]
                 sketches = by_table_row(msg.sketches, len(entries))  # type: ignore[union-attr]
                 for entry, sketch in zip(entries, sketches, strict=True):
@@ -280,6 +298,31 @@ class Aggregator:
             if prod.resumes_after is not None:
                 self._resume(prod, FINISHED)
             self._advance(prod, FINISHED, now)
+
+    def _bound_times(self, prod: ProducerInfo, entries: list, replay: bool) -> list:
+        """``entries`` with every ``log()`` time later than the collector's clock now bounded
+        to it; more than ``CLOCK_SKEW_S`` ahead is counted, and the rank named once."""
+        bound = self._wall_clock()  # type: ignore[misc]
+        if all(e[1] <= bound for e in entries):
+            return entries  # the common case: no copy
+        ahead = max(e[1] for e in entries) - bound
+        if ahead > CLOCK_SKEW_S and not replay:
+            self.health.clock_skew += sum(1 for e in entries if e[1] - bound > CLOCK_SKEW_S)
+            who = f"{prod.role}/{prod.rank} of run {prod.run!r} (host {prod.host})"
+            self._warn_skew(prod.pid, who, ahead)
+        return [(e[0], min(e[1], bound), *e[2:]) for e in entries]
+
+    def _warn_skew(self, pid: int, who: str, ahead: float) -> None:
+        if pid in self._skewed:
+            return
+        self._skewed.add(pid)
+        log.warning(
+            "%s logs times %.1fs ahead of this collector's clock: its clock is off; its times "
+            "are bounded by when the collector received them (counted in "
+            "rlpulse_collector_clock_skew_entries_total; warned once)",
+            who,
+            ahead,
+        )
 
     def _withdraw_replaced(self, prod: ProducerInfo) -> None:
         """``prod`` just took its slot from another process: take that process's data out of
@@ -486,8 +529,16 @@ class Aggregator:
         run, members = self._run(name), self.membership.runs[name]
         sketches = by_table_row(msg.sketches, len(msg.entries))
         resuming = self.membership.resuming
+        bound = self._wall_clock() if self._wall_clock is not None else None
         for i, entry in enumerate(msg.entries):
             step, t_first, t_last, table_id, values, nonfinite, pids, owners = entry
+            if bound is not None and t_last > bound:  # the relay's or its ranks' clock
+                if t_last - bound > CLOCK_SKEW_S and not replay:
+                    self.health.clock_skew += 1
+                    self._warn_skew(
+                        relay.pid, f"relay {relay.pid:x} (host {relay.host})", t_last - bound
+                    )
+                t_first, t_last = min(t_first, bound), bound
             if not replay:
                 self.health.events_received += 1
             table = relay.tables.get(table_id)

@@ -54,7 +54,8 @@ class CollectorConfig:
       (unacknowledged, asked again once steps are emitted); past 8 times as many (a batch
       overshooting the window), the oldest is emitted partial.
     * ``tps_window``: steps pooled for ``system/tps`` (1: this step alone; ROLL uses 5).
-    * ``max_message_bytes``: larger messages are rejected (and the ZeroMQ limit is 4x this).
+    * ``max_message_bytes``: larger messages are rejected (ZeroMQ cuts the connection of one
+      above 64 KiB more than this or than 8 MiB, whichever is larger).
     * ``sink_queue``: steps buffered per sink before that sink starts dropping.
     * ``sink_retries``: attempts per step for a failing sink, with backoff in between.
     * ``sink_close_s``: time each sink gets to flush and close at shutdown.

@@ -67,8 +67,9 @@ RETRY_S = 1.0
 class Collector:
     """The daemon, constructed from a config; ``run()`` blocks until ``stop()`` or a signal.
 
-    ``sinks`` replaces the configured trackers (tests pass in-memory ones); ``environ`` is
-    where the trackers' environment variables are read (``rlpulse.collector.env``).
+    ``sinks`` replaces the configured trackers (tests pass in-memory ones); ``wall_clock``
+    bounds the producers' ``log()`` times; ``environ`` is where the trackers' environment
+    variables are read (``rlpulse.collector.env``).
 
     >>> # c = Collector(CollectorConfig.load("collector.yaml")); c.run()
     """
@@ -79,9 +80,13 @@ class Collector:
         *,
         sinks: Mapping[str, Sink] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
         self.config = config
+        self._wall_clock = wall_clock
+        """Bounds the producers' ``log()`` times (``Aggregator``): records keep this clock's
+        time when a rank's clock is ahead."""
         self.health = Health(sinks=self._sink_stats)
         self.health.state_writable = 1
         self._clock = clock
@@ -98,6 +103,8 @@ class Collector:
         self.discovery = Discovery(config.target_policy, self.health)
         self._discovery_due = 0.0
         self._endpoint: Endpoint | None = None
+        self._upstream: UpstreamSink | None = None
+        """A relay's sink, the collector above."""
         self._zmq = zmq.Context()
         try:
             self._start(sinks, environ)
@@ -113,7 +120,8 @@ class Collector:
         relay = None
         if config.upstream is not None:  # a relay: its one sink is the collector above
             relay = relay_id(config.state_dir)
-            sinks = {UpstreamSink.name: UpstreamSink(config, relay)}
+            self._upstream = UpstreamSink(config, relay)
+            sinks = {UpstreamSink.name: self._upstream}
         elif sinks is None:
             sinks = {
                 name: build_sink(name, kwargs, ctx, environ)
@@ -134,6 +142,7 @@ class Collector:
             output=Relay(relay) if relay is not None else None,
             health=self.health,
             catalog=CATALOG,
+            wall_clock=self._wall_clock,
         )
         self.delivery = Delivery(self.health, clock=clock)
         self.limits = protocol.Limits(
@@ -146,7 +155,11 @@ class Collector:
         self._endpoint = Endpoint(config, self._zmq)
         self.address: str = self._endpoint.address
         self.receiver = Receiver(
-            self._endpoint.socket, self.limits, self.health, self._endpoint.monitor
+            self._endpoint.socket,
+            self.limits,
+            self.health,
+            self._endpoint.monitor,
+            screen=self.delivery.screen,
         )
 
     def _sink_stats(self) -> dict[str, dict[str, float]]:
@@ -262,6 +275,13 @@ class Collector:
         self.health.disk_errors = self._disk_errors + sum(
             w.reader.write_errors for w in self.fanout.workers if w.reader is not None
         )
+        if self._upstream is not None:  # a relay tells the root, in its heartbeats
+            self._upstream.report(
+                {
+                    "disk_errors": self.health.disk_errors,
+                    "state_unwritable": 1 - self.health.state_writable,
+                }
+            )
 
     def _state_failed(self, exc: OSError) -> None:
         self._disk_errors += 1

@@ -155,22 +155,34 @@ class Delivery:
         due = self._last_due = max(self.clock() + self.ack_delay_s, self._last_due)
         self._ack_later[pid] = due
 
-    def _room(self, raw: bytes) -> bool:
-        """Whether one more message fits in what is kept for unregistered and held-back
-        producers."""
-        return (
-            self._held_count < self.max_held and self._held_bytes + len(raw) <= self.max_held_bytes
+    def _room(self, nbytes: int) -> bool:
+        """Whether one more message of ``nbytes`` fits in what is kept for unregistered and
+        held-back producers."""
+        return self._held_count < self.max_held and self._held_bytes + nbytes <= self.max_held_bytes
+
+    def screen(self, producer: int, nbytes: int) -> bool:
+        """Whether a data message of ``nbytes`` from ``producer`` is worth decoding: always
+        for a registered producer; for one not registered yet only if :meth:`_hold` would
+        keep it. Otherwise it is counted and dropped as there, before it is decoded, so a
+        flood of large messages from producers that never register goes as fast as it comes
+        instead of queueing in ZeroMQ (``rlpulse.collector.receiver``)."""
+        if producer in self.last_seq or self._room(nbytes):
+            return True
+        self._drop_unknown(producer)
+        return False
+
+    def _drop_unknown(self, producer: int) -> None:
+        self.health.unknown_producer += 1
+        self._ratelog.warn(
+            "unknown",
+            f"dropping messages from unregistered producer {producer:x} (it will resend them)",
         )
 
     def _hold(self, msg: Incoming, raw: bytes) -> None:
         if not isinstance(msg, SEQUENCED):
             return  # heartbeats of an unknown producer carry nothing to keep
-        if not self._room(raw):
-            self.health.unknown_producer += 1
-            self._ratelog.warn(
-                "unknown",
-                f"dropping messages from unregistered producer {msg.producer:x} (it will resend them)",
-            )
+        if not self._room(len(raw)):
+            self._drop_unknown(msg.producer)
             return
         self._held.setdefault(msg.producer, []).append((msg, raw))
         self._held_count += 1
@@ -183,7 +195,7 @@ class Delivery:
         parked = self._parked.setdefault(msg.producer, {})
         if msg.seq in parked:
             return
-        if not self._room(raw):
+        if not self._room(len(raw)):
             self.health.out_of_order += 1
             self._overflowed.add(msg.producer)
             return

@@ -173,6 +173,7 @@ class SinkWorker:
                     reader.save()  # a cursor the disk refused earlier
                 if self._stopping.is_set():
                     return
+                self._idle()
                 self._notify.wait(0.1)
                 self._notify.clear()
                 continue
@@ -184,6 +185,18 @@ class SinkWorker:
                         return  # stopping with a sink that still fails: resume here next start
                 reader.commit(position, record)
                 self._busy_since = None
+
+    def _idle(self) -> None:
+        """A sink's ``idle()``, where it has one (a relay's upstream: its heartbeats), while
+        there is nothing to write; a failure is counted and logged, never fatal."""
+        idle = getattr(self.sink, "idle", None)
+        if idle is None:
+            return
+        try:
+            idle()
+        except Exception as exc:
+            self.errors += 1
+            self._ratelog.warn("idle", f"sink {self.name}: idle() failed: {exc!r}")
 
     def _run(self) -> None:
         try:

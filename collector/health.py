@@ -165,6 +165,13 @@ class Health:
         "Steps emitted partial because a role had more contributors than its world size, or "
         "held data of a replaced process that could not be withdrawn (behind a relay).",
     )
+    clock_skew = SelfMetric(
+        "rlpulse_collector_clock_skew_entries_total",
+        "Entries whose log() time was ahead of the collector's clock when it received them "
+        "(by more than CLOCK_SKEW_S: a rank's clock is ahead). Their time was bounded by the "
+        "receive time, so records and system/tps keep the collector's time; each skewed rank "
+        "is named once in the log.",
+    )
     unapplied = SelfMetric(
         "rlpulse_collector_unapplied_entries_total",
         "Entries from producers whose registration never arrived, lost at shutdown.",
@@ -249,19 +256,53 @@ PRODUCER_INVALID = SelfMetric(
     "Values producers left out of log() calls as invalid (a bad name, type or mask).",
     key="producer_invalid",
 )
+RELAY_DISK_ERRORS = SelfMetric(
+    "rlpulse_collector_relay_disk_errors_total",
+    "Failed writes under the state_dir of the relays below this collector, retries included, "
+    "as their heartbeats last said.",
+    key="relay_disk_errors",
+)
+RELAYS_UNWRITABLE = SelfMetric(
+    "rlpulse_collector_relays_state_unwritable",
+    "Relays below this collector whose state_dir cannot be written now (a full disk): they "
+    "receive nothing meanwhile (their ranks keep their data) but keep heartbeating, so their "
+    "ranks are not presumed dead for it.",
+    "gauge",
+    key="relays_state_unwritable",
+)
 PRODUCER_COUNTERS = (
     (PRODUCER_DROPPED, _SENDER_DROPS),
     (PRODUCER_ERRORS, ("errors",)),
     (PRODUCER_INVALID, ("invalid",)),
+    (RELAY_DISK_ERRORS, ("disk_errors",)),
+    (RELAYS_UNWRITABLE, ("state_unwritable",)),
 )
 """What the collector exports of the producers' own counters (``STAT_KEYS``): each
 self-metric, and the counters summed into it over every producer."""
 PRODUCER_METRICS = tuple(metric for metric, _ in PRODUCER_COUNTERS)
 
 
+HTTP_TIMEOUTS = SelfMetric(
+    "rlpulse_collector_http_timeouts_total",
+    "Connections to /metrics or /sd closed without an answer: no whole request head arrived "
+    "within the server's timeout (idle, half-open or slow clients).",
+    key="http_timeouts",
+)
+HTTP_OVERSIZED = SelfMetric(
+    "rlpulse_collector_http_oversized_total",
+    "Requests to /metrics or /sd refused (431) because their head was larger than the server "
+    "reads.",
+    key="http_oversized",
+)
+HTTP_METRICS = (HTTP_TIMEOUTS, HTTP_OVERSIZED)
+"""The /metrics server's own counters (``rlpulse.collector.sinks.promhttp``): the Prometheus
+sink adds them to the health snapshot it renders."""
+
+
 def exported() -> Iterator[SelfMetric]:
     """Every self-metric the Prometheus sink renders, labels aside."""
     yield from Health.declared()
     yield from PRODUCER_METRICS
+    yield from HTTP_METRICS
     yield MALFORMED
     yield from SINK_METRICS

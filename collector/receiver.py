@@ -7,13 +7,25 @@ by reason and logged with rate limiting; a failed CurveZMQ handshake is counted 
 rejected data message whose producer and number are still readable goes on as a
 :class:`~rlpulse.schemas.protocol.Rejected` stand-in, so its producer's later messages are not held up
 behind it; a hello's bad tables are counted and left out, its good ones kept.
+
+Memory is bounded where the bytes arrive. ZeroMQ reads a connection ahead of the collector
+into its own queue, so the collector's bound on what it keeps for producers not registered
+yet (``rlpulse.collector.delivery``) came too late: 150 messages of 7.7 MB from producers
+that never registered took a collector from 48 to 752 MB, kept. Now a message is refused by
+ZeroMQ above the largest a producer sends (``MAXMSGSIZE``); each connection's queue holds at
+most ``RCVHWM`` messages before ZeroMQ stops reading it (the sender waits); a large data
+message is screened by its producer before it is copied or decoded (``SCREEN_BYTES``), so one
+the collector would not keep goes as fast as it comes; and the daemon process returns freed
+large buffers to the system (:func:`return_large_buffers`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +40,20 @@ from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import ConfigError, SchemaError
 
 log = logging.getLogger("rlpulse.collector")
-RCVHWM = 100_000
+RCVHWM = 1_000
+"""Messages ZeroMQ queues per connection before it stops reading it (the sender then waits or
+counts): ZeroMQ's default. Producers have at most this many in flight unacknowledged only
+while the collector is not reading (a full disk), and they keep and resend those."""
+MAXMSGSIZE_MARGIN = 64 * 1024
+"""ZeroMQ's hard cap is the decoder's limit (at least ``DEFAULT_LIMITS.max_bytes``) plus this."""
+SCREEN_BYTES = 64 * 1024
+"""Data messages at least this large are screened by producer before they are decoded
+(``Delivery.screen``); smaller ones cost less to decode than to screen."""
+MMAP_THRESHOLD = 1 << 20
+"""Allocations of at least this many bytes get pages of their own, given back when freed
+(:func:`return_large_buffers`)."""
+_M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter number (malloc.h)."""
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 """The identity frame of an acknowledgement (a ROUTER without ROUTER_MANDATORY drops a
@@ -56,10 +81,7 @@ class Endpoint:
             # It stays above what a producer sends at most (``protocol.MAX_PAYLOAD_BYTES``), so
             # a collector configured below that rejects such a message (and the producer hears
             # of it), instead of cutting the connection on every resend.
-            self.socket.setsockopt(
-                zmq.MAXMSGSIZE,
-                max(4 * config.max_message_bytes, 2 * protocol.DEFAULT_LIMITS.max_bytes),
-            )
+            self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_size(config))
             if config.curve is not None:
                 self._secure(config.curve)
             try:
@@ -115,8 +137,33 @@ class Endpoint:
             self.auth = None
 
 
+def max_message_size(config: CollectorConfig) -> int:
+    """ZeroMQ's cap on one message (``ZMQ_MAXMSGSIZE``): a larger one cuts its connection.
+
+    >>> max_message_size(CollectorConfig()) - protocol.DEFAULT_LIMITS.max_bytes
+    65536
+    """
+    return max(config.max_message_bytes, protocol.DEFAULT_LIMITS.max_bytes) + MAXMSGSIZE_MARGIN
+
+
+def return_large_buffers() -> bool:
+    """Have this process's large allocations (ZeroMQ's messages, their copies as bytes) made
+    as pages of their own, given back to the system once freed. glibc otherwise raises its
+    threshold to the largest block freed, and bursts of multi-megabyte messages stay in its
+    heap for good. Process-wide: the daemon's ``main`` calls it. False where it is not glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 class Receiver:
-    """Frames in, validated messages out; acknowledgements back to their producers."""
+    """Frames in, validated messages out; acknowledgements back to their producers.
+    ``screen(producer, nbytes)`` (``Delivery.screen``) says whether a large data message is
+    worth decoding; one it refuses is let go at once (it counted it)."""
 
     def __init__(
         self,
@@ -124,11 +171,13 @@ class Receiver:
         limits: protocol.Limits,
         health: Health,
         monitor: Any | None = None,
+        screen: Callable[[int, int], bool] | None = None,
     ) -> None:
         self.socket = socket
         self.limits = limits
         self.health = health
         self.monitor = monitor
+        self.screen = screen
         self._ratelog = RateLimitedLog(log)
         self._problems: list[SchemaError] = []
         """What the decoder forgave in the current message (a hello's bad tables)."""
@@ -140,7 +189,7 @@ class Receiver:
         of each valid one, and of each rejected data message that can still be placed, a
         :class:`~rlpulse.schemas.protocol.Rejected` for the message (every reject is counted by
         reason)."""
-        recv, health, problems = self.socket.recv, self.health, self._problems
+        recv, health, problems, screen = self.socket.recv, self.health, self._problems, self.screen
         for _ in range(budget):
             # The identity, then the message as a frame (its ``more`` flag is cheaper to read
             # than recv_multipart's getsockopt per frame: a third of the per-message cost).
@@ -159,6 +208,12 @@ class Receiver:
                     "bad_frames", f"rejected a message of {extra + 1} frames (expected 1)"
                 )
                 continue
+            if screen is not None:
+                size = len(frame)
+                if size >= SCREEN_BYTES:
+                    producer = protocol.peek_producer(frame.buffer)
+                    if producer is not None and not screen(producer, size):
+                        continue  # let go undecoded, uncopied: counted by screen
             raw = frame.bytes
             try:
                 msg = protocol.decode(raw, self.limits, problems)

@@ -3,17 +3,26 @@
 Records go up in order, each acknowledged before the next; the relay's producer id is kept
 in ``state_dir`` so a restarted relay is the same producer to the root, which applies each of
 its numbered deltas once.
+
+Heartbeats carry the relay's own state (``RELAY_STAT_KEYS``: its ``state_dir`` disk errors, and
+whether it can write there), which the root shows on its /metrics. They are sent from the
+sink's thread whenever nothing went up for ``HEARTBEAT_S`` (:meth:`UpstreamSink.idle`), not only
+as records of the outbox: a relay whose ``state_dir`` is full emits nothing, and without them
+the root presumed its ranks dead after ``liveness_s`` (149 of 250 steps partial for a 15 s
+fill), with nothing on the root to say why.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.relay import RelayRecord
+from rlpulse.collector.relay import HEARTBEAT_S, RelayRecord
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -54,6 +63,35 @@ class UpstreamSink(Sink):
         self._acked = 0
         self._tables: dict[int, TableDecl] = {}
         self._members: dict[int, Member] = {}
+        self._state: dict[str, int] = {}
+        self._state_lock = threading.Lock()
+        self._told: dict[str, int] = {}
+        """The state the root last heard."""
+        self._beat_at = -HEARTBEAT_S
+        """When anything last went up (``time.monotonic``)."""
+
+    def report(self, state: Mapping[str, int]) -> None:
+        """The relay's own state for its next heartbeats (``RELAY_STAT_KEYS``); any thread."""
+        with self._state_lock:
+            self._state = dict(state)
+
+    def idle(self) -> None:
+        """Called by the sink's thread while it has nothing to forward: a heartbeat when
+        nothing went up for ``HEARTBEAT_S`` or the relay's state changed, so the root hears
+        of this relay, and of its state, also while the relay emits nothing (its
+        ``state_dir`` full)."""
+        with self._state_lock:
+            changed = self._state != self._told
+        if changed or time.monotonic() - self._beat_at >= HEARTBEAT_S:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        self._pump(0.0)
+        if self._connected and self._answered:
+            with self._state_lock:
+                stats = dict(self._state)
+            self._link().send(protocol.encode(protocol.Heartbeat(self.producer_id, 0, stats)))
+            self._beat_at, self._told = time.monotonic(), stats
 
     def open(self) -> None:
         pass  # the socket is made on the sink's own thread, at the first write
@@ -120,17 +158,15 @@ class UpstreamSink(Sink):
                 continue
             if now - sent_at >= 1.0 or not self._answered:
                 send()
-                sent_at = now
+                sent_at = self._beat_at = now
             self._pump(0.05)
 
     def write(self, record: Any) -> None:
         if not isinstance(record, RelayRecord):
             raise TypeError(f"a relay forwards relay records, not {type(record).__name__}")
+        self.idle()  # a change of state goes up before the record, even while records flow
         if record.kind == "heartbeat":
-            self._pump(0.0)
-            if self._connected and self._answered:
-                stats: dict[str, int] = {}
-                self._link().send(protocol.encode(protocol.Heartbeat(self.producer_id, 0, stats)))
+            self._heartbeat()
             return
         if record.kind == "announce":
             self._tables.update((t.id, t) for t in record.tables)

@@ -41,6 +41,10 @@ STAT_KEYS = (
     "dropped_rejected",
 )
 """Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``)."""
+RELAY_STAT_KEYS = ("disk_errors", "state_unwritable")
+"""What a relay's heartbeats add to the counters (``rlpulse.collector.upstream``): failed writes
+under its ``state_dir``, and 1 while it cannot write there (0 otherwise). The collector above
+shows them on its /metrics; a producer's heartbeats do not carry them."""
 COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected")
 """Drops the collector counts itself and reports back in its acknowledgements."""
 DROP_KEYS = (

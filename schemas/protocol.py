@@ -354,6 +354,66 @@ def rejected(buf: bytes, error: SchemaError) -> Rejected | None:
     return Rejected(head.producer, head.seq, error.reason, entries)
 
 
+_UINT_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+"""msgpack's unsigned integers by their first byte: how many bytes follow."""
+_PEEKED_TAGS = frozenset(TAGS[kind] for kind in (Metrics, Done, Bye, Delta))
+_PEEKED_V1 = frozenset((protocol_v1.METRICS, protocol_v1.DONE, protocol_v1.BYE))
+
+
+def peek_producer(buf: bytes | memoryview) -> int | None:
+    """The producer of a data message (metrics, done, bye, a relay's delta; either version),
+    read off its first bytes without decoding the rest; None for anything else (a hello, a
+    heartbeat, bytes that are no message), which :func:`decode` then judges. Lets the
+    collector let go of a large message it would not keep before paying to decode it.
+
+    >>> peek_producer(encode_done(7, 3, 2)), peek_producer(protocol_v1.encode_done(9, 1, 2))
+    (7, 9)
+    >>> peek_producer(encode_heartbeat(7, 3, {})) is None
+    True
+    """
+    head = bytes(buf[:64])
+    try:
+        first = head[0]
+        if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):  # version 2: an array
+            i = 1 if first <= 0x9F else 3 if first == 0xDC else 5
+            if head[i] not in _PEEKED_TAGS:
+                return None
+            return _uint(head, i + 1)[0]
+        if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # version 1: a map, "p" after "t"
+            i = 1 if first <= 0x8F else 3 if first == 0xDE else 5
+            kind: str | None = None
+            for _ in range(4):
+                key, i = _fixstr(head, i)
+                value, i = _fixstr(head, i) if 0xA0 <= head[i] <= 0xBF else _uint(head, i)
+                if key == "t":
+                    kind = value  # type: ignore[assignment]
+                elif key == "p":
+                    return value if kind in _PEEKED_V1 else None  # type: ignore[return-value]
+    except (IndexError, KeyError, TypeError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def _uint(head: bytes, i: int) -> tuple[int, int]:
+    """The msgpack unsigned integer at ``head[i]``, and where the next item starts (KeyError
+    if it is none)."""
+    code = head[i]
+    if code < 0x80:
+        return code, i + 1
+    width = _UINT_WIDTH[code]
+    if len(head) < i + 1 + width:
+        raise IndexError(i)
+    return int.from_bytes(head[i + 1 : i + 1 + width], "big"), i + 1 + width
+
+
+def _fixstr(head: bytes, i: int) -> tuple[str, int]:
+    """The short msgpack string at ``head[i]``, and where the next item starts."""
+    n = head[i] - 0xA0
+    if not 0 <= n < 32 or len(head) < i + 1 + n:
+        raise IndexError(i)
+    return head[i + 1 : i + 1 + n].decode(), i + 1 + n
+
+
 def now() -> float:
     """Wall-clock seconds, the time base of entry timestamps."""
     return time.time()

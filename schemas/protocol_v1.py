@@ -21,6 +21,7 @@ import numpy as np
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import (
     DEFAULT_LIMITS,
+    RELAY_STAT_KEYS,
     ROW_BYTES,
     STAT_KEYS,
     Ack,
@@ -171,9 +172,10 @@ def _stats(obj: Mapping) -> dict[str, int]:
 
 
 def checked_stats(raw: Mapping) -> dict[str, int]:
-    """The known counters of a stats map (missing ones read as 0, unknown ones are left)."""
+    """The known counters of a stats map (missing ones read as 0, unknown ones are left; a
+    relay's own, ``RELAY_STAT_KEYS``, only where present)."""
     out: dict[str, int] = {}
-    for key in STAT_KEYS:
+    for key in (*STAT_KEYS, *(k for k in RELAY_STAT_KEYS if k in raw)):
         value = raw.get(key, 0)
         if type(value) is not int or value < 0:
             raise SchemaError(

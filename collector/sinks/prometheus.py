@@ -16,7 +16,9 @@ changed; a scrape joins the texts, the same bytes as ``prometheus_client`` makes
 
 Per-rank series are not exported: a :class:`~rlpulse.schemas.record.StepRecord` carries only values
 pooled across ranks. The same server answers ``GET /sd``: the ``/metrics`` endpoints producers
-registered, for Prometheus' HTTP service discovery (``rlpulse.collector.discovery``).
+registered, for Prometheus' HTTP service discovery (``rlpulse.collector.discovery``). The server
+is bounded against abusive clients (``rlpulse.collector.sinks.promhttp``: capped connections,
+request timeouts and sizes), and its own counters are on the page.
 
 >>> from prometheus_client import generate_latest
 >>> sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext())
@@ -37,22 +39,20 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 from rlpulse.collector.discovery import with_discovery
+from rlpulse.collector.health import HTTP_METRICS
 from rlpulse.collector.promnames import PromMetric, prom_metric
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
 
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
 # This module is imported only when a prometheus tracker is configured (collector.sinks.SINKS);
 # a missing library becomes a ConfigError with the install hint in from_kwargs.
 try:
-    from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.exposition import choose_encoder, gzip_accepted
     from prometheus_client.metrics_core import Metric
@@ -69,6 +69,7 @@ try:
         make_family,
         total_families,
     )
+    from rlpulse.collector.sinks.promhttp import BoundedServer, tls_context
 except ImportError:  # pragma: no cover - exercised only without the optional dependency
     CollectorRegistry = None  # type: ignore[assignment,misc]
 
@@ -176,8 +177,7 @@ class PrometheusSink(Sink):
         self._process = ProcessSnapshot()  # the collector's own CPU and memory
         self._plain = make_wsgi_app(self.registry)
         """Serves what :meth:`_serve` leaves to prometheus_client (other methods, ``name[]``)."""
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: BoundedServer | None = None
         self._warned: set[str] = set()
         self._prom: dict[str, PromMetric] = {}
         """Each reported name's Prometheus form, worked out on its first scrape."""
@@ -236,14 +236,15 @@ class PrometheusSink(Sink):
         address of this machine) raises ConfigError naming ``port`` or ``host``."""
         if self._server is not None:
             return
+        # The server reads its app at every request. A registry passed in may hold collectors
+        # of its own, so it is served by prometheus_client as it stands.
+        metrics = self._serve if self._own_registry else self._plain
+        app = with_discovery(metrics, self._ctx.scrape_targets)
+        tls = None
+        if self._certfile is not None and self._keyfile is not None:
+            tls = tls_context(self._certfile, self._keyfile)
         try:
-            self._server, self._thread = start_http_server(
-                self._port,
-                addr=self._host,
-                registry=self.registry,
-                certfile=self._certfile,
-                keyfile=self._keyfile,
-            )
+            self._server = BoundedServer.start(self._host, self._port, app, tls)
         except OSError as exc:
             where = f"{self._host}:{self._port}"
             if exc.errno == errno.EADDRINUSE:
@@ -255,10 +256,6 @@ class PrometheusSink(Sink):
             raise ConfigError(
                 f"{FIELD}.host", f"cannot listen on {where}: {exc.strerror or exc}", self._host
             ) from None
-        # The server already runs; it reads its app at every request. A registry passed in may
-        # hold collectors of its own, so it is served by prometheus_client as it stands.
-        metrics = self._serve if self._own_registry else self._plain
-        self._server.set_app(with_discovery(metrics, self._ctx.scrape_targets))
 
     def write(self, record: StepRecord) -> None:
         """Keep the step's values for the next scrape; never touches the network."""
@@ -287,13 +284,9 @@ class PrometheusSink(Sink):
 
     def close(self) -> None:
         """Stop serving; safe to call twice or before open()."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
+        server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
+            server.close()
 
     # --- rendering, called by the HTTP server's threads on every scrape ---
 
@@ -400,6 +393,8 @@ class PrometheusSink(Sink):
                 "health", "prometheus: the collector health snapshot failed", exc_info=True
             )
             health = {}
+        server = self._server  # its counters, at 0 before it serves
+        health.update(server.stats() if server else {m.key: 0 for m in HTTP_METRICS})
         return health_data(health)
 
     def _metric_families(

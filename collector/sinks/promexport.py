@@ -15,7 +15,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 
-from rlpulse.collector.health import MALFORMED, PRODUCER_METRICS, SINK_METRICS, Health
+from rlpulse.collector.health import (
+    HTTP_METRICS,
+    MALFORMED,
+    PRODUCER_METRICS,
+    SINK_METRICS,
+    Health,
+)
 from rlpulse.collector.promnames import prom_metric
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import REJECT_REASONS
@@ -66,7 +72,7 @@ def health_data(health: Mapping[str, Any]) -> tuple[FamilyData, ...]:
      ('rlpulse_sink_written_total', ((('jsonl',), 9.0),))]
     """
     out: list[FamilyData] = []
-    for metric in (*Health.declared(), *PRODUCER_METRICS):
+    for metric in (*Health.declared(), *PRODUCER_METRICS, *HTTP_METRICS):
         value = number(health.get(metric.key))
         if value is not None:
             out.append((metric.name, metric.help, metric.kind, (), (((), value),)))

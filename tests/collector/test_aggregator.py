@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlpulse.collector.aggregator import Aggregator
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from tests.collector.helpers import Harness, hello, metrics
 
@@ -159,6 +160,39 @@ def test_throughput_and_cumulative_samples() -> None:
     assert r[3][M.SYSTEM_TPS.name] == pytest.approx(800 / 5.0)
     assert [r[s][M.SYSTEM_SAMPLES.name] for s in range(4)] == [8, 16, 24, 32]
     assert r[3][M.SYSTEM_TOKENS.name] == 1600
+
+
+def test_a_rank_clock_ahead_is_bounded_by_the_receive_time_counted_and_named(caplog) -> None:
+    """Issue 38 item 6: rank 1's clock steps an hour ahead at step 3. Its times are bounded
+    by the collector's clock when it receives them: the records keep the collector's time
+    and ``system/tps`` its true value (an hour's end for step 3 gave 2.8 tokens/s before)."""
+    wall = [1000.0]
+    h = Harness(tps_window=1)
+    h.agg = Aggregator(h.records.append, h.agg.config, wall_clock=lambda: wall[0])
+    tok = M.SYSTEM_STEP_TOKENS.name
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
+    for step in range(6):
+        wall[0] = 1000.0 + step  # a step a second; each rank logs just before it is received
+        ahead = 3600.0 if step >= 3 else 0.0
+        h.send(
+            metrics(1, step, {tok: 5_000}, t=wall[0] - 0.01),
+            metrics(2, step, {tok: 5_000}, t=wall[0] - 0.01 + ahead),
+        )
+        h.send(P.Done(1, 5, step), P.Done(2, 5, step))
+    assert h.steps() == list(range(6))
+    for rec in h.records:
+        assert rec.time <= 1000.0 + rec.step
+        if rec.step:
+            assert rec.metrics[M.SYSTEM_TPS.name] == pytest.approx(10_000, rel=0.02), rec.step
+    assert h.agg.health.clock_skew == 3
+    named = [r.message for r in caplog.records if "ahead of this collector's clock" in r.message]
+    assert len(named) == 1 and "actor_train/1 of run 'r'" in named[0]
+
+
+def test_a_rank_clock_is_trusted_without_a_wall_clock() -> None:
+    h = Harness()
+    h.send(hello(1), metrics(1, 0, {LOSS: 1.0}, t=5e9), P.Done(1, 5, 0))
+    assert h.records[0].time == 5e9 and h.agg.health.clock_skew == 0
 
 
 def test_derived_names_logged_by_a_producer_are_dropped() -> None:

@@ -156,3 +156,14 @@ def test_data_is_acknowledged_once_its_delay_is_over_oldest_first_and_urgent_at_
     assert sorted(P.decode(a).producer for _, a in d.acks()) == [1, 2]
     d.accept(done(1, 4), b"id1")
     assert [P.decode(a) for _, a in d.acks(everything=True)] == [P.Ack(1, 4)]
+
+
+def test_screen_lets_go_what_would_not_be_held_before_it_is_decoded() -> None:
+    """Issue 38 item 7: the receiver asks before decoding a large message. A registered
+    producer's is always decoded; an unregistered one's only while there is room to hold it,
+    else it is counted as dropped as ``_hold`` would."""
+    d = Delivery(max_held_bytes=1000)
+    d.accept(P.Hello(7, 1, "r", "a", 0, 1, "h", 1), b"id")
+    assert d.screen(7, 10_000)  # registered: whatever its size
+    assert d.screen(8, 1000) and not d.screen(8, 1001)
+    assert d.health.unknown_producer == 1

@@ -25,6 +25,8 @@ from tests.servemodel import make_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1.0
 """The server's --request-timeout-s here: short, so that the tests wait little."""
+MAX_CONNECTIONS = 16
+"""The server's --max-connections here: small, so that a few sockets reach it."""
 
 
 def _free_port() -> int:
@@ -71,6 +73,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "rlpulse.trainer.serve",
         *("--model", str(checkpoint), "--port", str(port), "--device", "cpu"),
         *("--torch-threads", "1", "--request-timeout-s", str(TIMEOUT_S)),
+        *("--max-connections", str(MAX_CONNECTIONS)),
     ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -224,3 +227,37 @@ def test_a_bad_request_timeout_exits_2_naming_it() -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "request_timeout_s: must be a number of seconds from 0.05 to 3600" in done.stderr
+
+
+def test_connections_beyond_the_cap_are_answered_503_and_closed_at_once(server: Server) -> None:
+    """Issue 38, item 10: half-open connections had no cap (each held its socket until its
+    deadline). One beyond ``--max-connections`` is answered 503 ``overloaded`` before the
+    server reads anything, and closed; the server serves again once the others are gone."""
+    before = server.answered()
+    held = [
+        socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        for _ in range(MAX_CONNECTIONS)
+    ]
+    try:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
+            reply = b""
+            while chunk := extra.recv(4096):
+                reply += chunk
+        took = time.monotonic() - started
+    finally:
+        for sock in held:
+            sock.close()
+    assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"] == S.OVERLOADED
+    assert took < TIMEOUT_S  # at once, not at the deadline
+    deadline = time.monotonic() + 10
+    while True:  # the held ones are closed: served again
+        try:
+            after = server.answered()
+            break
+        except (OSError, AssertionError):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert after.get(S.OVERLOADED, 0) == before.get(S.OVERLOADED, 0) + 1  # counted
+    assert "refused 1 connections over max_connections (16)" in server.log.read_text()

@@ -218,3 +218,27 @@ def test_wrong_shapes_raise_only_schema_errors(obj: dict) -> None:
 def test_wrong_version_2_shapes_raise_only_schema_errors(tag: int, rest: list) -> None:
     with contextlib.suppress(SchemaError):
         P.decode(raw([tag, *rest]))
+
+
+def test_peek_producer_reads_a_data_messages_producer_off_its_first_bytes() -> None:
+    """Issue 38 item 7: the collector screens large messages by producer before decoding."""
+    from rlpulse.schemas import protocol, protocol_v1
+
+    big = 2**62 + 5
+    assert protocol.peek_producer(protocol.encode_done(big, 1, 3)) == big
+    assert protocol.peek_producer(protocol.encode_metrics(300, 1, [])) == 300
+    assert protocol.peek_producer(protocol.encode_bye(70_000, 1, {})) == 70_000
+    assert protocol.peek_producer(protocol_v1.encode_metrics(9, 1, [])) == 9
+    assert protocol.peek_producer(protocol_v1.encode_done(2**40, 1, 0)) == 2**40
+    hello = protocol.encode_hello(3, 0, run="r", role="actor_train", rank=0, world_size=1)
+    for other in (
+        hello,
+        protocol_v1.encode_hello(3, 0, run="r", role="actor_train", rank=0, world_size=1),
+        protocol.encode_heartbeat(3, 0, {}),
+        b"",
+        b"\x93",
+        b"\x93\x16",  # cut after the tag
+        b"\x93\x16\xcf\x00",  # cut inside the producer
+        b"garbage",
+    ):
+        assert protocol.peek_producer(other) is None, other

@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
         f"(default {DEFAULTS['request_timeout_s']:g})",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        help="connections open at once; more are answered 503 and closed "
+        f"(default {DEFAULTS['max_connections']})",
+    )
+    parser.add_argument(
         "--collector",
         help=f"stream metrics to this collector (default: ${ADDRESS_VAR}; none: no metrics)",
     )
@@ -147,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         host=config.host,
         port=config.port,
         log_level="warning",
-        http=RequestDeadlineProtocol.with_timeout(config.request_timeout_s),
+        http=RequestDeadlineProtocol.with_timeout(
+            config.request_timeout_s, config.max_connections, server.refused
+        ),
     )
     return 0
 

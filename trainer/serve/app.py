@@ -143,6 +143,11 @@ class Server:
         self.metrics.answered(time.perf_counter() - start, error=kind, tokens=tokens)
         return response
 
+    def refused(self) -> None:
+        """A connection refused over ``max_connections`` (``deadline``): answered 503 at
+        once, counted as an ``overloaded`` answer."""
+        self.metrics.answered(0.0, error=S.OVERLOADED)
+
     def health(self) -> tuple[int, dict[str, Any]]:
         alive = self.batcher.alive()
         return (200 if alive else 503), {

@@ -53,6 +53,10 @@ class ServeConfig:
     """A connection must deliver each request whole (headers and body) within this many
     seconds of opening, or of its first byte after the previous answer; else it is closed
     (half-open and slow-loris connections). Generating the answer is not limited by it."""
+    max_connections: int = 256
+    """Connections open at once at most (each half-open or slow one holds its place until
+    ``request_timeout_s``); one beyond is answered 503 ``overloaded`` and closed at once, so
+    a flood of them costs a socket for a moment, not memory for ever."""
     collector: str | None = None
     """Collector address (``tcp://host:5555``) to stream serving metrics to; None: no metrics."""
     run: str = "serve"
@@ -90,6 +94,7 @@ class ServeConfig:
             "max_new_tokens_limit",
             "default_max_new_tokens",
             "max_body_bytes",
+            "max_connections",
             "replicas",
         ):
             _require(
