@@ -19,7 +19,8 @@ Damage found at start-up (:class:`StateError`, exit status 2, naming the file an
 * a write-ahead log that no longer holds everything producers were told it holds: the
   messages lost are gone from the producers too, and the steps they belong to would come out
   complete with some rank's data missing. A torn tail past that point (a crash mid-write,
-  never acknowledged) is cut with a warning, as before;
+  never acknowledged) is cut with a warning, as before; damage before the checkpoint's cut
+  (records of steps the checkpoint holds) is warned about and never cut;
 * a ``checkpoint.json`` or a configured sink's cursor file that does not parse.
 
 A damaged outbox is recovered: steps emitted after the checkpoint are rebuilt from the WAL,
@@ -161,8 +162,10 @@ class DurableState:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._checkpoint = self._load_checkpoint()
-            self._check_wal()
-            self.wal = SegmentLog(self.dir / "wal", config.segment_bytes, config.fsync, mark=True)
+            replay_from = self._check_wal()
+            self.wal = SegmentLog(
+                self.dir / "wal", config.segment_bytes, config.fsync, mark=True, keep=replay_from
+            )
             self.outbox = SegmentLog(self.dir / "outbox", config.segment_bytes, config.fsync)
             self.cursor_dir.mkdir(exist_ok=True)
         except OSError as exc:  # a full disk or a failing one, at start-up
@@ -193,9 +196,10 @@ class DurableState:
             raise StateError(f"the checkpoint {path} is damaged ({exc!r}); {fix}") from None
         return checkpoint
 
-    def _check_wal(self) -> None:
+    def _check_wal(self) -> Position:
         """Refuse to start when the write-ahead log holds less than producers were told it
-        holds (acknowledged messages are dropped by the producers: nothing can fill the gap)."""
+        holds (acknowledged messages are dropped by the producers: nothing can fill the gap).
+        Return where replay starts: the log is never cut before it."""
         directory = self.dir / "wal"
         start = Position(0, 0)
         required = read_mark(directory)
@@ -204,10 +208,11 @@ class DurableState:
             if "wal_end" in self._checkpoint:
                 wal_end = Position.from_json(self._checkpoint["wal_end"])
                 required = wal_end if required is None else max(required, wal_end)
+            self._check_before(directory, start)
         end, damage = inspect(directory, start)
         torn_tail = damage is None or damage.last  # what a crash mid-write can leave
         if torn_tail and (required is None or end >= required):
-            return  # intact, or a torn tail past what was acknowledged: SegmentLog cuts it
+            return start  # intact, or a torn tail past what was acknowledged: SegmentLog cuts it
         if damage is not None:
             where = f"{damage.path} is damaged at byte {damage.offset}"
         else:
@@ -224,6 +229,20 @@ class DurableState:
             f"rank's data missing; {_move_aside(self.dir)} (producers resend only what was "
             "never acknowledged)"
         )
+
+    def _check_before(self, directory: Path, start: Position) -> None:
+        """Warn about damage before the checkpoint's cut: those records belong to steps the
+        checkpoint already holds, so nothing is lost, and the log is not cut there (issue 38:
+        cutting it dropped every acknowledged record after the damage)."""
+        end, damage = inspect(directory, Position(0, 0))
+        if damage is not None and end < start:
+            log.warning(
+                "%s is damaged at byte %d, before where replay starts (%s): no step still "
+                "open needs those records, so the log is kept as it is; check the disk",
+                damage.path,
+                damage.offset,
+                start.to_json(),
+            )
 
     # ------------------------------------------------------------------ recovery
 

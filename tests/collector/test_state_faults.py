@@ -214,6 +214,47 @@ def test_a_write_ahead_log_short_of_what_was_acknowledged_refuses_to_start(
     assert (segment.read_bytes() if segment.exists() else None) == before  # left as it was
 
 
+class CheckpointedAt(Replayed):
+    """Recovery's side with an open step whose first data is at ``oldest``."""
+
+    def __init__(self, oldest: Position) -> None:
+        super().__init__()
+        self.oldest = oldest
+
+    def oldest_position(self) -> object:
+        return self.oldest
+
+
+def test_damage_before_the_checkpoints_cut_is_never_cut_as_a_torn_tail(tmp_path, caplog) -> None:
+    """Issue 38, item 1: a flipped byte in a record the checkpoint no longer needs was cut as a
+    torn tail, taking every acknowledged record after it (the open steps' data) with it."""
+    cfg = config(tmp_path)
+    state = DurableState(tmp_path / "state", cfg)
+    for pid in range(6):
+        state.log_input(protocol.encode_done(pid + 1, 1, 0))
+    state.commit()
+    segment = (tmp_path / "state") / "wal" / f"{0:016d}.log"
+    spans = records(segment)
+    state.maybe_checkpoint(CheckpointedAt(Position(0, spans[2][0])), Replayed(), [], force=True)
+    state.close()
+    data = bytearray(segment.read_bytes())
+    data[spans[0][0] + spans[0][1] - 1] ^= 1  # a byte of a record before the cut
+    segment.write_bytes(bytes(data))
+
+    state = DurableState(tmp_path / "state", cfg)
+    replayed = Replayed()
+    counts = state.recover(replayed, replayed, LIMITS, 0.0)
+    assert replayed.messages == 4 and counts["truncated_bytes"] == 0  # every record after it
+    assert segment.read_bytes() == bytes(data)  # nothing cut
+    assert f"{segment} is damaged at byte {spans[0][0]}" in caplog.text
+    state.log_input(protocol.encode_done(7, 1, 0))  # new records follow the intact ones
+    state.commit()
+    state.close()
+    replayed = Replayed()
+    DurableState(tmp_path / "state", cfg).recover(replayed, replayed, LIMITS, 0.0)
+    assert replayed.messages == 5
+
+
 # ---------------------------------------------------------------------- files that do not parse
 
 
