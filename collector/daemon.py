@@ -110,6 +110,8 @@ class Collector:
         ctx = SinkContext(
             catalog=CATALOG, health=self.health.snapshot, scrape_targets=self.discovery.targets
         )
+        if config.state_dir:  # first: it locks state_dir before anything is written there
+            self.durable = DurableState(config.state_dir, config)
         relay = None
         if config.upstream is not None:  # a relay: its one sink is the collector above
             relay = relay_id(config.state_dir)
@@ -119,8 +121,6 @@ class Collector:
                 name: build_sink(name, kwargs, ctx, environ)
                 for name, kwargs in config.trackers.items()
             }
-        if config.state_dir:
-            self.durable = DurableState(config.state_dir, config)
         self.fanout = FanOut(sinks, config, durable=self.durable)
         # Opened only now: an open sink may read the health snapshot (a prometheus scrape),
         # which holds the fan-out's counters (_sink_stats).

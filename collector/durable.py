@@ -14,6 +14,9 @@ the open steps exactly. Compaction writes a new checkpoint whose cut is the firs
 open step still needs, then deletes older WAL segments, and outbox segments every sink has
 passed: disk use follows the open-step window and the slowest sink, not the run's length.
 
+One process at a time: ``lock`` is held for the life of the state (:class:`StateLock`); a
+second collector or relay on the same ``state_dir`` is refused (``StateDirInUse``, exit 2).
+
 Damage found at start-up (:class:`StateError`, exit status 2, naming the file and the fix):
 
 * a write-ahead log that no longer holds everything producers were told it holds: the
@@ -41,6 +44,7 @@ from typing import Any, Protocol
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
+from rlpulse.collector.statelock import StateLock
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import ConfigError, SchemaError
 from rlpulse.schemas.record import StepRecord
@@ -161,6 +165,10 @@ class DurableState:
         self.fsync = config.fsync
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock = StateLock(self.dir)  # first: nothing is read or written unlocked
+        except OSError as exc:
+            raise StateError(f"cannot lock {self.dir}: {exc}; fix the disk") from None
+        try:
             self._checkpoint = self._load_checkpoint()
             replay_from = self._check_wal()
             self.wal = SegmentLog(
@@ -169,9 +177,13 @@ class DurableState:
             self.outbox = SegmentLog(self.dir / "outbox", config.segment_bytes, config.fsync)
             self.cursor_dir.mkdir(exist_ok=True)
         except OSError as exc:  # a full disk or a failing one, at start-up
+            self._lock.release()
             raise StateError(
                 f"cannot open the state in {self.dir}: {exc}; free space or fix the disk"
             ) from None
+        except StateError:
+            self._lock.release()
+            raise
         self.checkpoint_s = config.checkpoint_s
         self.next_record_seq = 1
         self._last_checkpoint = time.monotonic()
@@ -373,9 +385,13 @@ class DurableState:
         return self.wal.disk_bytes() + self.outbox.disk_bytes()
 
     def close(self) -> None:
-        """Write what is queued and close the logs; never raises (see ``SegmentLog.close``)."""
-        self.wal.close()
-        self.outbox.close()
+        """Write what is queued, close the logs and release ``state_dir``; never raises (see
+        ``SegmentLog.close``)."""
+        try:
+            self.wal.close()
+            self.outbox.close()
+        finally:
+            self._lock.release()
 
 
 class OutboxReader:

@@ -18,6 +18,7 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.durable import DurableState, OutboxReader, StateError
 from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark
 from rlpulse.collector.sinks.jsonl import JsonlSink
+from rlpulse.collector.statelock import StateDirInUse
 from rlpulse.schemas import protocol
 from rlpulse.schemas.record import StepRecord
 
@@ -253,6 +254,23 @@ def test_damage_before_the_checkpoints_cut_is_never_cut_as_a_torn_tail(tmp_path,
     replayed = Replayed()
     DurableState(tmp_path / "state", cfg).recover(replayed, replayed, LIMITS, 0.0)
     assert replayed.messages == 5
+
+
+def test_a_second_state_on_one_state_dir_is_refused_until_the_first_closes(tmp_path) -> None:
+    """Issue 38, item 13: nothing locked ``state_dir``; a second collector wrote into it."""
+    cfg = config(tmp_path)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "lock").write_text("999999999\n")  # left by a dead process: stale
+    first = DurableState(tmp_path / "state", cfg)
+    assert (tmp_path / "state" / "lock").read_text() == f"{os.getpid()}\n"
+    with pytest.raises(StateDirInUse) as refused:
+        DurableState(tmp_path / "state", cfg)
+    message = str(refused.value)
+    assert message.startswith("state_dir: ") and f"pid {os.getpid()}" in message
+    assert "its own state_dir" in message and str(tmp_path / "state" / "lock") in message
+    first.close()
+    first.close()
+    DurableState(tmp_path / "state", cfg).close()
 
 
 # ---------------------------------------------------------------------- files that do not parse

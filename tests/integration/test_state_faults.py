@@ -283,3 +283,36 @@ def test_a_damaged_checkpoint_or_cursor_exits_2_naming_the_file_and_the_fix(
     assert "Traceback" not in refused.stderr, refused.stderr
     assert str(path) in refused.stderr, refused.stderr
     assert "mv " in refused.stderr or "delete it" in refused.stderr, refused.stderr
+
+
+# ---------------------------------------------------------------------- issue 38, item 13
+
+
+def test_a_second_collector_on_a_live_state_dir_is_refused_and_a_dead_ones_lock_is_not(
+    tmp_path,
+) -> None:
+    setup = Setup(tmp_path)
+    first = setup.started()
+    (tmp_path / "second").mkdir()
+    second = Setup(tmp_path / "second", state_dir=str(setup.state))  # another port
+    p0 = producer(setup, 0, 1)
+    for step in range(3):
+        p0.log({"x": value(0, step)}, step=step)
+    assert p0.flush(30)
+    time.sleep(0.5)  # a checkpoint or two
+    listing = sorted(p.name for p in setup.state.iterdir())
+
+    refused = second.start()
+    assert isinstance(refused, Refused), "a second collector started on a live state_dir"
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert f"is in use by another collector or relay (pid {first.proc.pid}" in line, line
+    assert sorted(p.name for p in setup.state.iterdir()) == listing  # nothing written there
+    assert (setup.state / "lock").read_text() == f"{first.proc.pid}\n"
+    p0.close(10)
+    setup.wait_lines(3)
+
+    first.kill()  # its lock file stays; the kernel dropped the lock with the process
+    again = second.started()
+    assert again.stop() == 0
+    assert [line["step"] for line in setup.lines()] == [0, 1, 2]
