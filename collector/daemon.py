@@ -62,6 +62,11 @@ BATCH = 2000
 """Messages received between two checks of the step timers."""
 RETRY_S = 1.0
 """While ``state_dir`` cannot be written (a full disk), how often writing is tried again."""
+LOOP_GAP_S = 1.0
+"""The most time between two readings of the aggregator's clock (``Collector._now``) that
+counts against producers; the main loop waits at most ``POLL_MS`` between them. The rest of a
+longer gap is the collector's own (frozen by SIGSTOP, a VM pause, swapped out, or too busy to
+read): producers could not be heard then, so it runs no liveness or grace period out."""
 
 
 class Collector:
@@ -88,6 +93,8 @@ class Collector:
         self._stalled_since: float | None = None
         """When writing ``state_dir`` started failing (None: it works)."""
         self._paused_s = 0.0
+        self._last_tick = clock()
+        """The raw clock at the last reading of :meth:`_now` (to find the loop's own gaps)."""
         self._disk_errors = 0
         self._disk_log = RateLimitedLog(log, interval_s=60.0)
         self._stop = threading.Event()
@@ -202,11 +209,24 @@ class Collector:
             agg.handle(accepted, now, position)
 
     def _now(self) -> float:
-        """The aggregator's clock. It stands still while ``state_dir`` cannot be written:
-        nothing is received then, so grace periods and liveness must not run out for data
-        that waits in the producers."""
-        now = self._clock() if self._stalled_since is None else self._stalled_since
-        return now - self._paused_s
+        """The aggregator's clock. It stands still while ``state_dir`` cannot be written, and
+        for what exceeds ``LOOP_GAP_S`` of a gap in the main loop (a frozen collector): nothing
+        is received then, so grace periods and liveness must not run out for data that waits
+        in the producers. Read before every use: a freeze is found before liveness is judged."""
+        raw = self._clock()
+        gap, self._last_tick = raw - self._last_tick - LOOP_GAP_S, raw
+        if self._stalled_since is not None:
+            return self._stalled_since - self._paused_s  # already standing still
+        if gap > 0:
+            self._paused_s += gap
+            self.health.paused_seconds = round(self._paused_s, 3)
+            self._disk_log.warn(
+                "gap",
+                f"the collector did not run for {gap + LOOP_GAP_S:.1f}s (stopped, paused, "
+                "swapped out or overloaded): not counted against producers' liveness or "
+                "grace (rlpulse_collector_paused_seconds_total)",
+            )
+        return raw - self._paused_s
 
     def _settle(self) -> None:
         """Emit what is due, make it durable, wake the sinks, then acknowledge; now and then
@@ -288,6 +308,7 @@ class Collector:
         assert self._stalled_since is not None and self.durable is not None
         stalled = self._clock() - self._stalled_since
         self._paused_s += stalled
+        self.health.paused_seconds = round(self._paused_s, 3)
         self._stalled_since = None
         self.health.state_writable = 1
         log.warning(
