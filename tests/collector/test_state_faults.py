@@ -273,6 +273,22 @@ def test_a_second_state_on_one_state_dir_is_refused_until_the_first_closes(tmp_p
     DurableState(tmp_path / "state", cfg).close()
 
 
+def test_the_log_stays_under_two_segments_however_fast_it_grows(tmp_path) -> None:
+    """Issue 38's soak: at 20 MB/s, a checkpoint every ``checkpoint_s`` let the write-ahead log
+    reach three 64 MiB segments. Here no time passes at all; the log's growth alone is due."""
+    segment = 64 * 1024
+    cfg = config(tmp_path, segment_bytes=segment, checkpoint_s=3600.0)
+    state = DurableState(tmp_path / "state", cfg)
+    recent = CheckpointedAt(Position(0, 0))  # the open steps need only the last record
+    largest = 0
+    for pid in range(5000):
+        recent.oldest = state.log_input(protocol.encode_done(pid + 1, 1, 0) + bytes(100))
+        state.maybe_checkpoint(recent, Replayed(), [])
+        largest = max(largest, state.wal.disk_bytes() + state.wal.pending_bytes)
+    state.close()
+    assert state.wal.end.segment > 5 and largest < 2 * segment
+
+
 # ---------------------------------------------------------------------- files that do not parse
 
 
