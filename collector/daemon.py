@@ -330,6 +330,7 @@ class Collector:
             "; CurveZMQ on" if self.config.curve is not None else "",
         )
         clock, next_settle, received, busy = self._clock, 0.0, False, False
+        self._last_tick = clock()  # start-up (recovery, sinks opening) is no gap of the loop
         flowing = False  # the last window brought messages: sleep through the next, no poll
         try:
             while not self._stop.is_set():
