@@ -859,6 +859,14 @@ def section_gpu(
     return out
 
 
+def section_soak(data: dict[str, Any] | None) -> list[str]:
+    """The slow soak test's figures (``tests/integration/test_soak.py``, ``make test-slow``),
+    kept in ``results/soak.json`` from its last run: ``make bench`` does not run it."""
+    if data is None:
+        return []
+    return ["### Soak: memory and the write-ahead log over a long run", "", *data["markdown"], ""]
+
+
 def section_notes(
     cc: dict[str, Any] | None,
     ing: dict[str, Any] | None,
@@ -1039,6 +1047,7 @@ def render() -> Path:
     body: list[str] = []
     body += section_caller(cc, goals)
     body += section_ingest(ing, goals)
+    body += section_soak(_load("soak"))
     body += section_latency(lat, goals)
     body += section_scale(ing)
     body += section_paced(_load("paced"), goals)

@@ -62,6 +62,11 @@ BATCH = 2000
 """Messages received between two checks of the step timers."""
 RETRY_S = 1.0
 """While ``state_dir`` cannot be written (a full disk), how often writing is tried again."""
+LOOP_GAP_S = 1.0
+"""The most time between two readings of the aggregator's clock (``Collector._now``) that
+counts against producers; the main loop waits at most ``POLL_MS`` between them. The rest of a
+longer gap is the collector's own (frozen by SIGSTOP, a VM pause, swapped out, or too busy to
+read): producers could not be heard then, so it runs no liveness or grace period out."""
 
 
 class Collector:
@@ -93,6 +98,8 @@ class Collector:
         self._stalled_since: float | None = None
         """When writing ``state_dir`` started failing (None: it works)."""
         self._paused_s = 0.0
+        self._last_tick = clock()
+        """The raw clock at the last reading of :meth:`_now` (to find the loop's own gaps)."""
         self._disk_errors = 0
         self._disk_log = RateLimitedLog(log, interval_s=60.0)
         self._stop = threading.Event()
@@ -117,6 +124,8 @@ class Collector:
         ctx = SinkContext(
             catalog=CATALOG, health=self.health.snapshot, scrape_targets=self.discovery.targets
         )
+        if config.state_dir:  # first: it locks state_dir before anything is written there
+            self.durable = DurableState(config.state_dir, config)
         relay = None
         if config.upstream is not None:  # a relay: its one sink is the collector above
             relay = relay_id(config.state_dir)
@@ -127,8 +136,6 @@ class Collector:
                 name: build_sink(name, kwargs, ctx, environ)
                 for name, kwargs in config.trackers.items()
             }
-        if config.state_dir:
-            self.durable = DurableState(config.state_dir, config)
         self.fanout = FanOut(sinks, config, durable=self.durable)
         # Opened only now: an open sink may read the health snapshot (a prometheus scrape),
         # which holds the fan-out's counters (_sink_stats).
@@ -215,11 +222,24 @@ class Collector:
             agg.handle(accepted, now, position)
 
     def _now(self) -> float:
-        """The aggregator's clock. It stands still while ``state_dir`` cannot be written:
-        nothing is received then, so grace periods and liveness must not run out for data
-        that waits in the producers."""
-        now = self._clock() if self._stalled_since is None else self._stalled_since
-        return now - self._paused_s
+        """The aggregator's clock. It stands still while ``state_dir`` cannot be written, and
+        for what exceeds ``LOOP_GAP_S`` of a gap in the main loop (a frozen collector): nothing
+        is received then, so grace periods and liveness must not run out for data that waits
+        in the producers. Read before every use: a freeze is found before liveness is judged."""
+        raw = self._clock()
+        gap, self._last_tick = raw - self._last_tick - LOOP_GAP_S, raw
+        if self._stalled_since is not None:
+            return self._stalled_since - self._paused_s  # already standing still
+        if gap > 0:
+            self._paused_s += gap
+            self.health.paused_seconds = round(self._paused_s, 3)
+            self._disk_log.warn(
+                "gap",
+                f"the collector did not run for {gap + LOOP_GAP_S:.1f}s (stopped, paused, "
+                "swapped out or overloaded): not counted against producers' liveness or "
+                "grace (rlpulse_collector_paused_seconds_total)",
+            )
+        return raw - self._paused_s
 
     def _settle(self) -> None:
         """Emit what is due, make it durable, wake the sinks, then acknowledge; now and then
@@ -308,6 +328,7 @@ class Collector:
         assert self._stalled_since is not None and self.durable is not None
         stalled = self._clock() - self._stalled_since
         self._paused_s += stalled
+        self.health.paused_seconds = round(self._paused_s, 3)
         self._stalled_since = None
         self.health.state_writable = 1
         log.warning(
@@ -329,6 +350,7 @@ class Collector:
             "; CurveZMQ on" if self.config.curve is not None else "",
         )
         clock, next_settle, received, busy = self._clock, 0.0, False, False
+        self._last_tick = clock()  # start-up (recovery, sinks opening) is no gap of the loop
         flowing = False  # the last window brought messages: sleep through the next, no poll
         try:
             while not self._stop.is_set():

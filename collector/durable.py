@@ -14,12 +14,16 @@ the open steps exactly. Compaction writes a new checkpoint whose cut is the firs
 open step still needs, then deletes older WAL segments, and outbox segments every sink has
 passed: disk use follows the open-step window and the slowest sink, not the run's length.
 
+One process at a time: ``lock`` is held for the life of the state (:class:`StateLock`); a
+second collector or relay on the same ``state_dir`` is refused (``StateDirInUse``, exit 2).
+
 Damage found at start-up (:class:`StateError`, exit status 2, naming the file and the fix):
 
 * a write-ahead log that no longer holds everything producers were told it holds: the
   messages lost are gone from the producers too, and the steps they belong to would come out
   complete with some rank's data missing. A torn tail past that point (a crash mid-write,
-  never acknowledged) is cut with a warning, as before;
+  never acknowledged) is cut with a warning, as before; damage before the checkpoint's cut
+  (records of steps the checkpoint holds) is warned about and never cut;
 * a ``checkpoint.json`` or a configured sink's cursor file that does not parse.
 
 A damaged outbox is recovered: steps emitted after the checkpoint are rebuilt from the WAL,
@@ -40,6 +44,7 @@ from typing import Any, Protocol
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
+from rlpulse.collector.statelock import StateLock
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import ConfigError, SchemaError
 from rlpulse.schemas.record import StepRecord
@@ -86,6 +91,11 @@ class StateError(ConfigError):
 
 
 log = logging.getLogger("rlpulse.collector.durable")
+CHECKPOINT_SHARE = 4
+"""A checkpoint is also due once a ``1/CHECKPOINT_SHARE`` of a segment was logged since the
+last one: compaction then follows the log's growth, not only the clock, and the log stays
+under two segments however fast it grows (at 20 MB/s, ``checkpoint_s`` alone let it reach
+three 64 MiB segments)."""
 _ratelog = RateLimitedLog(log)
 
 
@@ -160,16 +170,29 @@ class DurableState:
         self.fsync = config.fsync
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock = StateLock(self.dir)  # first: nothing is read or written unlocked
+        except OSError as exc:
+            raise StateError(f"cannot lock {self.dir}: {exc}; fix the disk") from None
+        try:
             self._checkpoint = self._load_checkpoint()
-            self._check_wal()
-            self.wal = SegmentLog(self.dir / "wal", config.segment_bytes, config.fsync, mark=True)
+            replay_from = self._check_wal()
+            self.wal = SegmentLog(
+                self.dir / "wal", config.segment_bytes, config.fsync, mark=True, keep=replay_from
+            )
             self.outbox = SegmentLog(self.dir / "outbox", config.segment_bytes, config.fsync)
             self.cursor_dir.mkdir(exist_ok=True)
         except OSError as exc:  # a full disk or a failing one, at start-up
+            self._lock.release()
             raise StateError(
                 f"cannot open the state in {self.dir}: {exc}; free space or fix the disk"
             ) from None
+        except StateError:
+            self._lock.release()
+            raise
         self.checkpoint_s = config.checkpoint_s
+        self._checkpoint_bytes = config.segment_bytes // CHECKPOINT_SHARE
+        self._logged_bytes = 0
+        """Bytes logged since the last checkpoint."""
         self.next_record_seq = 1
         self._last_checkpoint = time.monotonic()
 
@@ -193,9 +216,10 @@ class DurableState:
             raise StateError(f"the checkpoint {path} is damaged ({exc!r}); {fix}") from None
         return checkpoint
 
-    def _check_wal(self) -> None:
+    def _check_wal(self) -> Position:
         """Refuse to start when the write-ahead log holds less than producers were told it
-        holds (acknowledged messages are dropped by the producers: nothing can fill the gap)."""
+        holds (acknowledged messages are dropped by the producers: nothing can fill the gap).
+        Return where replay starts: the log is never cut before it."""
         directory = self.dir / "wal"
         start = Position(0, 0)
         required = read_mark(directory)
@@ -204,10 +228,11 @@ class DurableState:
             if "wal_end" in self._checkpoint:
                 wal_end = Position.from_json(self._checkpoint["wal_end"])
                 required = wal_end if required is None else max(required, wal_end)
+            self._check_before(directory, start)
         end, damage = inspect(directory, start)
         torn_tail = damage is None or damage.last  # what a crash mid-write can leave
         if torn_tail and (required is None or end >= required):
-            return  # intact, or a torn tail past what was acknowledged: SegmentLog cuts it
+            return start  # intact, or a torn tail past what was acknowledged: SegmentLog cuts it
         if damage is not None:
             where = f"{damage.path} is damaged at byte {damage.offset}"
         else:
@@ -224,6 +249,20 @@ class DurableState:
             f"rank's data missing; {_move_aside(self.dir)} (producers resend only what was "
             "never acknowledged)"
         )
+
+    def _check_before(self, directory: Path, start: Position) -> None:
+        """Warn about damage before the checkpoint's cut: those records belong to steps the
+        checkpoint already holds, so nothing is lost, and the log is not cut there (issue 38:
+        cutting it dropped every acknowledged record after the damage)."""
+        end, damage = inspect(directory, Position(0, 0))
+        if damage is not None and end < start:
+            log.warning(
+                "%s is damaged at byte %d, before where replay starts (%s): no step still "
+                "open needs those records, so the log is kept as it is; check the disk",
+                damage.path,
+                damage.offset,
+                start.to_json(),
+            )
 
     # ------------------------------------------------------------------ recovery
 
@@ -288,6 +327,7 @@ class DurableState:
         """Append an accepted message (written by :meth:`commit`); return where it starts."""
         start = self.wal.end
         self.wal.append(payload)
+        self._logged_bytes += len(payload)
         return start
 
     def emit(self, record: StepRecord) -> None:
@@ -323,11 +363,17 @@ class DurableState:
         sinks: Iterable[str],
         force: bool = False,
     ) -> bool:
-        """Every ``checkpoint_s`` (or now with ``force``): commit, save the checkpoint, then
-        delete what no one needs. Raises ``OSError`` with nothing deleted when it cannot."""
-        if not force and time.monotonic() - self._last_checkpoint < self.checkpoint_s:
+        """Every ``checkpoint_s``, or after ``CHECKPOINT_SHARE``-th of a segment logged (or now
+        with ``force``): commit, save the checkpoint, then delete what no one needs. Raises
+        ``OSError`` with nothing deleted when it cannot."""
+        if (
+            not force
+            and time.monotonic() - self._last_checkpoint < self.checkpoint_s
+            and self._logged_bytes < self._checkpoint_bytes
+        ):
             return False
         self._last_checkpoint = time.monotonic()
+        self._logged_bytes = 0
         self.commit()
         oldest = aggregator.oldest_position()
         cut = oldest if isinstance(oldest, Position) else self.wal.end
@@ -354,9 +400,13 @@ class DurableState:
         return self.wal.disk_bytes() + self.outbox.disk_bytes()
 
     def close(self) -> None:
-        """Write what is queued and close the logs; never raises (see ``SegmentLog.close``)."""
-        self.wal.close()
-        self.outbox.close()
+        """Write what is queued, close the logs and release ``state_dir``; never raises (see
+        ``SegmentLog.close``)."""
+        try:
+            self.wal.close()
+            self.outbox.close()
+        finally:
+            self._lock.release()
 
 
 class OutboxReader:

@@ -187,6 +187,11 @@ class Health:
         "disk): nothing is acknowledged then, so producers keep their data, until it can.",
         "gauge",
     )
+    paused_seconds = SelfMetric(
+        "rlpulse_collector_paused_seconds_total",
+        "Seconds the collector could not hear producers through its own fault (frozen, "
+        "overloaded, or state_dir not writable): not counted against their liveness or grace.",
+    )
     producers = SelfMetric(
         "rlpulse_collector_producers",
         "Producers registered since start-up (recovered ones included).",

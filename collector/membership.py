@@ -27,11 +27,11 @@ from rlpulse.collector.discovery import ScrapeTarget
 from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.schemas import protocol
-from rlpulse.schemas.messages import Table, TableDecl
+from rlpulse.schemas.messages import MAX_STEP, Table, TableDecl
 
 log = logging.getLogger("rlpulse.collector")
-FINISHED = 1 << 62
-"""Watermark of a producer that said goodbye: it has finished every step."""
+FINISHED = MAX_STEP + 1
+"""Watermark of a producer that said goodbye: it has finished every step (beyond any step)."""
 
 Slot = tuple[str, int]
 

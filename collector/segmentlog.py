@@ -149,10 +149,18 @@ class SegmentLog:
 
     ``mark``: after each flush, record its end in a small file (:func:`read_mark`), so that
     opening can tell a crash's torn tail (after it) from lost records (before it).
+    ``keep``: a record boundary from which the owner has checked the log (:func:`inspect`);
+    opening never cuts anything before it.
     """
 
     def __init__(
-        self, directory: str | Path, segment_bytes: int, fsync: bool, *, mark: bool = False
+        self,
+        directory: str | Path,
+        segment_bytes: int,
+        fsync: bool,
+        *,
+        mark: bool = False,
+        keep: Position | None = None,
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +174,12 @@ class SegmentLog:
         path = self._path(current)
         if path.exists():
             size = path.stat().st_size
-            offset, _ = _scan(path)
+            # Only what follows ``keep`` can be a torn tail: a bad record before it is damage
+            # the owner has judged (inspect), and cutting there would drop every record after.
+            start = 0
+            if keep is not None and keep.segment >= current:
+                start = keep.offset if keep.segment == current else size
+            offset, _ = _scan(path, min(start, size))
             if offset < size:
                 self.truncated_bytes = size - offset
                 log.warning(

@@ -49,7 +49,7 @@ from rlpulse.producer.stats import Counters, combine
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
 from rlpulse.schemas.errors import SchemaError
-from rlpulse.schemas.messages import U63_MAX
+from rlpulse.schemas.messages import MAX_STEP
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.protocol import DEFAULT_LIMITS, new_producer_id
 from rlpulse.schemas.reductions import Reduction
@@ -230,12 +230,11 @@ class Producer:
                 c.invalid += 1
                 self._warn_once("no-logs", "log() of a producer made with logs=False: dropped")
                 return
-            if type(step) is not int or not 0 <= step <= U63_MAX:
+            if type(step) is not int or not 0 <= step <= MAX_STEP:
                 c.invalid += 1
                 self._warn_once(
                     f"step:{type(step).__name__}",
-                    f"step must be a non-negative int up to 2**63 - 1 (the wire's range), got "
-                    f"{step!r}: call dropped",
+                    f"step must be a non-negative int up to {MAX_STEP}, got {step!r}: call dropped",
                 )
                 return
             if len(self._queue) >= self.config.max_pending:
@@ -380,7 +379,7 @@ class Producer:
         """Say this rank has finished every step up to ``step`` (logging a later step says so
         too). A rank that logs nothing at some steps calls this so the collector need not wait
         for it."""
-        if self._closed or not self.logs or type(step) is not int or not 0 <= step <= U63_MAX:
+        if self._closed or not self.logs or type(step) is not int or not 0 <= step <= MAX_STEP:
             return
         self._queue.append(Done(step))
         self._wake.set()

@@ -66,10 +66,17 @@ KIND_CODES = frozenset(int(r) for r in Reduction)
 U63_MAX = 2**63 - 1
 """The largest step, sequence number or count the wire carries (msgpack's signed range)."""
 U63 = Annotated[int, Meta(ge=0, le=U63_MAX)]
+MAX_STEP = 2**62 - 1
+"""The largest step ``log()`` takes and the wire carries: the values above it, still in
+:data:`U63`, are the collector's mark for a producer that has finished every step (its
+goodbye), so the last step a producer may log is still finished by its goodbye. ``log()``
+refuses a larger step and counts it (``stats()["invalid"]``); the collector rejects one
+(``bad_step``)."""
+Step = Annotated[int, Meta(ge=0, le=MAX_STEP)]
 Size = Annotated[int, Meta(ge=1, le=1 << 24)]
 Rank = Annotated[int, Meta(ge=0, le=1 << 24)]
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
-WireEntry = tuple[U63, Finite, U63, bytes, dict[str, U63]]
+WireEntry = tuple[Step, Finite, U63, bytes, dict[str, U63]]
 """``(step, time, table, values, nonfinite)`` as version 2 sends it. Version 1 is parsed into
 the same tuple with a :class:`Table` for the number."""
 SketchRef = tuple[U63, U63, bytes]
@@ -193,7 +200,7 @@ class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
     producer: U63
     seq: U63
     entries: list[WireEntry]
-    done: Annotated[int, Meta(ge=-1, le=2**63 - 1)] = -1
+    done: Annotated[int, Meta(ge=-1, le=MAX_STEP)] = -1
     sketches: list[SketchRef] = []
     """``(entry, row, sketch)``: the quantile sketch (``rlpulse.schemas.sketch``) of row
     ``row`` of entry ``entry``'s table, for distribution metrics. Optional and last, so a
@@ -205,7 +212,7 @@ class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
 
     producer: U63
     seq: U63
-    step: U63
+    step: Step
 
 
 class Heartbeat(Struct, array_like=True, frozen=True, gc=False, tag=24):
@@ -298,7 +305,7 @@ class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
     producer: U63
     seq: U63
     run: str
-    entries: list[tuple[U63, Finite, Finite, U63, bytes, dict[str, U63], list[U63], list[str]]]
+    entries: list[tuple[Step, Finite, Finite, U63, bytes, dict[str, U63], list[U63], list[str]]]
     watermarks: list[tuple[U63, U63]]
     spans: list[tuple[U63, Span]] = []
     """``(step, span)``: the phases the relay's ranks ran (``rlpulse.schemas.spans``), kept per rank."""

@@ -21,9 +21,11 @@ import numpy as np
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import (
     DEFAULT_LIMITS,
+    MAX_STEP,
     RELAY_STAT_KEYS,
     ROW_BYTES,
     STAT_KEYS,
+    U63_MAX,
     Ack,
     Bye,
     Done,
@@ -38,7 +40,6 @@ from rlpulse.schemas.values import WIDTH, invalid_rows
 
 VERSION = 1
 HELLO, METRICS, DONE, HEARTBEAT, BYE, ACK = "hello", "metrics", "done", "heartbeat", "bye", "ack"
-_MAX_U63 = 2**63 - 1
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -144,7 +145,7 @@ def _no_ext(code: int, data: bytes) -> None:
     raise SchemaError("bad_msgpack", f"msgpack ext type {code} is not allowed")
 
 
-def _int(obj: Mapping, key: str, what: str, lo: int = 0, hi: int = _MAX_U63) -> int:
+def _int(obj: Mapping, key: str, what: str, lo: int = 0, hi: int = U63_MAX) -> int:
     value = obj.get(key)
     if type(value) is not int or not lo <= value <= hi:
         raise SchemaError(
@@ -232,7 +233,7 @@ def _entry(raw: object, limits: Limits) -> tuple:
             "bad_entry", "an entry must be a list [step, time, names, kinds, values, nonfinite]"
         )
     step, t, names, kinds, values, nonfinite = raw
-    if type(step) is not int or not 0 <= step <= _MAX_U63:
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
         raise SchemaError("bad_step", f"step must be a non-negative integer, got {step!r:.80}")
     if type(t) not in (float, int) or not math.isfinite(t):
         raise SchemaError("bad_entry", f"entry time must be a finite number, got {t!r:.80}")
@@ -307,7 +308,7 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             )
         return hello
     if kind == DONE:
-        return Done(producer, seq, _int(obj, "s", "step"))
+        return Done(producer, seq, _int(obj, "s", "step", hi=MAX_STEP))
     if kind == HEARTBEAT:
         return Heartbeat(producer, seq, _stats(obj))
     if kind == BYE:

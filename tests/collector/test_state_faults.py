@@ -18,6 +18,7 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.durable import DurableState, OutboxReader, StateError
 from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark
 from rlpulse.collector.sinks.jsonl import JsonlSink
+from rlpulse.collector.statelock import StateDirInUse
 from rlpulse.schemas import protocol
 from rlpulse.schemas.record import StepRecord
 
@@ -212,6 +213,80 @@ def test_a_write_ahead_log_short_of_what_was_acknowledged_refuses_to_start(
     assert "write-ahead log" in str(refused.value) and "mv " in str(refused.value)
     assert str(segment) in str(refused.value)
     assert (segment.read_bytes() if segment.exists() else None) == before  # left as it was
+
+
+class CheckpointedAt(Replayed):
+    """Recovery's side with an open step whose first data is at ``oldest``."""
+
+    def __init__(self, oldest: Position) -> None:
+        super().__init__()
+        self.oldest = oldest
+
+    def oldest_position(self) -> object:
+        return self.oldest
+
+
+def test_damage_before_the_checkpoints_cut_is_never_cut_as_a_torn_tail(tmp_path, caplog) -> None:
+    """Issue 38, item 1: a flipped byte in a record the checkpoint no longer needs was cut as a
+    torn tail, taking every acknowledged record after it (the open steps' data) with it."""
+    cfg = config(tmp_path)
+    state = DurableState(tmp_path / "state", cfg)
+    for pid in range(6):
+        state.log_input(protocol.encode_done(pid + 1, 1, 0))
+    state.commit()
+    segment = (tmp_path / "state") / "wal" / f"{0:016d}.log"
+    spans = records(segment)
+    state.maybe_checkpoint(CheckpointedAt(Position(0, spans[2][0])), Replayed(), [], force=True)
+    state.close()
+    data = bytearray(segment.read_bytes())
+    data[spans[0][0] + spans[0][1] - 1] ^= 1  # a byte of a record before the cut
+    segment.write_bytes(bytes(data))
+
+    state = DurableState(tmp_path / "state", cfg)
+    replayed = Replayed()
+    counts = state.recover(replayed, replayed, LIMITS, 0.0)
+    assert replayed.messages == 4 and counts["truncated_bytes"] == 0  # every record after it
+    assert segment.read_bytes() == bytes(data)  # nothing cut
+    assert f"{segment} is damaged at byte {spans[0][0]}" in caplog.text
+    state.log_input(protocol.encode_done(7, 1, 0))  # new records follow the intact ones
+    state.commit()
+    state.close()
+    replayed = Replayed()
+    DurableState(tmp_path / "state", cfg).recover(replayed, replayed, LIMITS, 0.0)
+    assert replayed.messages == 5
+
+
+def test_a_second_state_on_one_state_dir_is_refused_until_the_first_closes(tmp_path) -> None:
+    """Issue 38, item 13: nothing locked ``state_dir``; a second collector wrote into it."""
+    cfg = config(tmp_path)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "lock").write_text("999999999\n")  # left by a dead process: stale
+    first = DurableState(tmp_path / "state", cfg)
+    assert (tmp_path / "state" / "lock").read_text() == f"{os.getpid()}\n"
+    with pytest.raises(StateDirInUse) as refused:
+        DurableState(tmp_path / "state", cfg)
+    message = str(refused.value)
+    assert message.startswith("state_dir: ") and f"pid {os.getpid()}" in message
+    assert "its own state_dir" in message and str(tmp_path / "state" / "lock") in message
+    first.close()
+    first.close()
+    DurableState(tmp_path / "state", cfg).close()
+
+
+def test_the_log_stays_under_two_segments_however_fast_it_grows(tmp_path) -> None:
+    """Issue 38's soak: at 20 MB/s, a checkpoint every ``checkpoint_s`` let the write-ahead log
+    reach three 64 MiB segments. Here no time passes at all; the log's growth alone is due."""
+    segment = 64 * 1024
+    cfg = config(tmp_path, segment_bytes=segment, checkpoint_s=3600.0)
+    state = DurableState(tmp_path / "state", cfg)
+    recent = CheckpointedAt(Position(0, 0))  # the open steps need only the last record
+    largest = 0
+    for pid in range(5000):
+        recent.oldest = state.log_input(protocol.encode_done(pid + 1, 1, 0) + bytes(100))
+        state.maybe_checkpoint(recent, Replayed(), [])
+        largest = max(largest, state.wal.disk_bytes() + state.wal.pending_bytes)
+    state.close()
+    assert state.wal.end.segment > 5 and largest < 2 * segment
 
 
 # ---------------------------------------------------------------------- files that do not parse

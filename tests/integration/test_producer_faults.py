@@ -23,7 +23,7 @@ from rlpulse.collector.daemon import Collector
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.schemas import protocol
-from rlpulse.schemas.messages import DEFAULT_LIMITS, DROP_KEYS
+from rlpulse.schemas.messages import DEFAULT_LIMITS, DROP_KEYS, MAX_STEP
 from rlpulse.schemas.record import StepRecord
 
 CONFIG = ProducerConfig(resend_s=0.5, close_timeout_s=5.0, gpu_sample_s=0)
@@ -128,6 +128,29 @@ def test_a_step_beyond_the_wire_range_is_refused_by_log_and_counted() -> None:
         p.close()
     assert stats["invalid"] == 1 and stats["logged"] == 6 and not dropped(stats)
     assert sum(collector.health.malformed.values()) == 0
+
+
+def test_the_largest_step_is_emitted_and_one_beyond_it_refused_by_log_and_counted() -> None:
+    """Issue 38, item 8: step 2**63 - 1 was acknowledged and never emitted while the collector
+    ran (the collector's "finished every step" mark lay below it; only a shutdown flushed it,
+    partial). Steps end at ``MAX_STEP``: it is emitted once the producer closes; a larger
+    one, 2**63 - 1 included, is refused by ``log()`` and counted."""
+    run = "max-step"
+    with serving() as (collector, recorder):
+        p = Producer(collector.address, run=run, role="actor_train", config=CONFIG)
+        p.log({"loss": 1.0}, step=MAX_STEP - 1)
+        p.log({"loss": 2.0}, step=2**63 - 1)
+        p.log({"loss": 3.0}, step=MAX_STEP + 1)
+        p.log({"loss": 4.0}, step=MAX_STEP)
+        assert p.flush(20)
+        p.close()
+        stats = p.stats()
+        assert recorder.wait(run, [MAX_STEP - 1, MAX_STEP]) == set()
+        record = recorder.records[(run, MAX_STEP)]
+        assert record.metrics["loss"] == 4.0 and not record.partial
+        emitted = recorder.steps(run)
+    assert emitted == {MAX_STEP - 1, MAX_STEP}
+    assert stats["invalid"] == 2 and stats["logged"] == 2 and not dropped(stats)
 
 
 def test_a_burst_of_wide_calls_is_split_below_the_message_limit() -> None:

@@ -162,7 +162,7 @@ def last_segment(directory: Path) -> Path:
 # ---------------------------------------------------------------------- item 2
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "flip_before_cut"])
 def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path, damage) -> None:
     setup = Setup(tmp_path)
     collector = setup.started()
@@ -183,6 +183,11 @@ def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path,
     if damage == "flip":  # one byte inside the first record open steps need
         offset, size = needed[0]
         flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
+    elif damage == "flip_before_cut":  # issue 38, item 1: a record no open step needs
+        before = [(o, n) for o, n in records(wal) if o + n <= cut[1]]
+        assert before, "nothing before the checkpoint's cut in the last segment"
+        offset, size = before[-1]
+        flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
     else:  # the last acknowledged record loses its second half
         offset, size = needed[-1]
         with wal.open("r+b") as f:
@@ -190,6 +195,9 @@ def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path,
     damaged = wal.read_bytes()
 
     restarted = setup.start()
+    if damage == "flip_before_cut":  # nothing lost: it starts, and cuts nothing
+        assert isinstance(restarted, Daemon), restarted
+        assert wal.read_bytes()[: len(damaged)] == damaged
     if isinstance(restarted, Refused):
         # Refusing is safe: it names the file and what to do, and leaves the state as it was.
         assert restarted.returncode == 2, restarted.stderr
@@ -215,6 +223,8 @@ def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path,
     for step, record in got.items():
         if not record["partial"]:
             assert record["metrics"]["x"] == pytest.approx(value(0, step) + 0.5), step
+    if damage == "flip_before_cut":
+        assert not any(r["partial"] for r in got.values())
 
 
 # ---------------------------------------------------------------------- item 11
@@ -283,3 +293,36 @@ def test_a_damaged_checkpoint_or_cursor_exits_2_naming_the_file_and_the_fix(
     assert "Traceback" not in refused.stderr, refused.stderr
     assert str(path) in refused.stderr, refused.stderr
     assert "mv " in refused.stderr or "delete it" in refused.stderr, refused.stderr
+
+
+# ---------------------------------------------------------------------- issue 38, item 13
+
+
+def test_a_second_collector_on_a_live_state_dir_is_refused_and_a_dead_ones_lock_is_not(
+    tmp_path,
+) -> None:
+    setup = Setup(tmp_path)
+    first = setup.started()
+    (tmp_path / "second").mkdir()
+    second = Setup(tmp_path / "second", state_dir=str(setup.state))  # another port
+    p0 = producer(setup, 0, 1)
+    for step in range(3):
+        p0.log({"x": value(0, step)}, step=step)
+    assert p0.flush(30)
+    time.sleep(0.5)  # a checkpoint or two
+    listing = sorted(p.name for p in setup.state.iterdir())
+
+    refused = second.start()
+    assert isinstance(refused, Refused), "a second collector started on a live state_dir"
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert f"is in use by another collector or relay (pid {first.proc.pid}" in line, line
+    assert sorted(p.name for p in setup.state.iterdir()) == listing  # nothing written there
+    assert (setup.state / "lock").read_text() == f"{first.proc.pid}\n"
+    p0.close(10)
+    setup.wait_lines(3)
+
+    first.kill()  # its lock file stays; the kernel dropped the lock with the process
+    again = second.started()
+    assert again.stop() == 0
+    assert [line["step"] for line in setup.lines()] == [0, 1, 2]

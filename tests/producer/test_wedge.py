@@ -15,7 +15,7 @@ from rlpulse.producer import Producer, ProducerConfig
 from rlpulse.producer.encode import Encoder
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
-from rlpulse.schemas.messages import DEFAULT_LIMITS
+from rlpulse.schemas.messages import DEFAULT_LIMITS, MAX_STEP
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.wire.transport import MemoryTransport
 
@@ -104,7 +104,7 @@ def test_a_call_that_cannot_be_encoded_is_dropped_and_the_sender_goes_on() -> No
     p.close(timeout=0.2)
 
 
-@pytest.mark.parametrize("step", [-1, 2**63, 2**64, 10**30])
+@pytest.mark.parametrize("step", [-1, MAX_STEP + 1, 2**63 - 1, 2**63, 2**64, 10**30])
 def test_log_refuses_a_step_outside_the_wire_range(step: int, caplog) -> None:
     t = MemoryTransport()
     p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
@@ -114,7 +114,7 @@ def test_log_refuses_a_step_outside_the_wire_range(step: int, caplog) -> None:
     p.log({"x": 1.0}, step=3)
     assert until(lambda: logged_steps(t) == [3])
     assert p.stats()["invalid"] == 1 and p.stats()["logged"] == 1
-    assert "2**63 - 1" in caplog.text
+    assert f"up to {MAX_STEP}" in caplog.text
     p.close(timeout=0.2)
 
 
