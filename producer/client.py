@@ -180,6 +180,7 @@ class Producer:
             nvml=nvml if nvml is not None else NvmlSampler(role),
             buffers=self._buffers,
             caller=self._caller,
+            address=self.address,
         )
         self._sender.start()
         ref = weakref.ref(self)

@@ -181,6 +181,10 @@ ASK_ACK_S = 0.05
 once (it otherwise may wait ``collector.delivery.ACK_DELAY_S``)."""
 YIELD_S = 0.002
 """Longest the sender waits for ``log()`` calls to end in one cycle (:class:`CallerFirst`)."""
+SILENT_WARN_S = 5.0
+"""A producer no collector has answered (any ack, a hello's included) this long after it
+started warns once, naming its address: a wrong address is otherwise silent until
+``close()`` drops what was logged."""
 COALESCE_S = 0.0005
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
 CYCLE_S = 0.005
@@ -209,6 +213,7 @@ class Sender(threading.Thread):
         nvml: NvmlSampler | None = None,
         buffers: Buffers | None = None,
         caller: CallerFirst | None = None,
+        address: str = "",
     ) -> None:
         ident = registration.identity
         super().__init__(name=f"rlpulse-sender-{ident.role}-{ident.rank}", daemon=True)
@@ -228,6 +233,10 @@ class Sender(threading.Thread):
         self.caller = caller or CallerFirst()
         self._yield_until = 0.0
         """Until when this cycle waits for ``log()`` calls (:class:`CallerFirst`)."""
+        self.address = address
+        """Where the transport connects (named in warnings)."""
+        self._silent_since: float | None = time.monotonic()
+        """When this producer started, until a collector first answers (then None)."""
         self._stopping = threading.Event()
         self._close_timeout_s = config.close_timeout_s
         self.outbox = Outbox(
@@ -333,6 +342,7 @@ class Sender(threading.Thread):
                 continue
             if isinstance(msg, protocol.Ack):
                 self.registration.answered = True  # any ack, a hello's answer included
+                self._silent_since = None
                 self.outbox.ack(msg.seq, time.monotonic())
                 if msg.hold:  # ahead of the other ranks: wait until the collector has room
                     self.outbox.hold(time.monotonic())
@@ -602,6 +612,8 @@ class Sender(threading.Thread):
         self._drain()
         self._sample_gpus_now()
         now = time.monotonic()
+        if self._silent_since is not None and now - self._silent_since >= SILENT_WARN_S:
+            self._warn_silent(now - self._silent_since)
         if self.outbox.stalled(now):
             self.counters.resent_messages += self.outbox.resend_all(now)
         self._pump()
@@ -610,6 +622,22 @@ class Sender(threading.Thread):
             self._read_acks()  # what came meanwhile: a flush or close ends the sooner
         # Otherwise acknowledgements wait for the next cycle's first read: one socket call
         # fewer a cycle, and an ack is rarely back within the cycle that sent its message.
+
+    def _warn_silent(self, silent_s: float) -> None:
+        """No collector has answered since start-up: say so once, naming the address."""
+        self._silent_since = None  # once
+        where = (
+            "connected, but no collector answered"
+            if self._ever_connected
+            else "nobody is listening there"
+        )
+        self.warn_once(
+            "silent",
+            f"no collector has answered at {self.address or 'its address'} in {silent_s:.0f} s "
+            f"({where}: a wrong address, or a collector not started?); log() calls are kept "
+            f"until one answers, up to max_unacked={self.config.max_unacked} messages, and "
+            "those still unsent at close() are dropped (counted in stats() as dropped_send)",
+        )
 
     def _ask_for_acks(self, now: float) -> None:
         """A flush or close waits: a heartbeat asking for the acknowledgement now."""

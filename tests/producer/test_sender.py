@@ -148,3 +148,31 @@ def test_queued_calls_wait_while_log_runs_and_go_when_it_ends(monkeypatch) -> No
     assert until(lambda: kinds(t).count("Metrics") == 2, timeout_s=2.0)
     p._caller.leave()
     p.close(timeout=0.2)
+
+
+def test_a_producer_no_collector_answers_warns_once_naming_its_address(monkeypatch, caplog) -> None:
+    """A wrong address used to be silent until close() dropped everything logged."""
+    monkeypatch.setattr("rlpulse.producer.sender.SILENT_WARN_S", 0.3)
+    t = MemoryTransport()
+    p = Producer("tcp://10.9.8.7:5999", run="r", role="a", transport=t, config=QUIET)
+    p.log({"x": 1.0}, step=0)
+    with caplog.at_level("WARNING", logger="rlpulse.producer"):
+        assert until(lambda: "no collector has answered" in caplog.text, 3.0)
+        time.sleep(0.5)
+    warned = [r for r in caplog.records if "no collector has answered" in r.getMessage()]
+    assert len(warned) == 1 and "tcp://10.9.8.7:5999" in warned[0].getMessage()
+    p.close(timeout=0.1)
+
+
+def test_a_producer_answered_in_time_does_not_warn(monkeypatch, caplog) -> None:
+    monkeypatch.setattr("rlpulse.producer.sender.SILENT_WARN_S", 0.3)
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    with caplog.at_level("WARNING", logger="rlpulse.producer"):
+        assert until(lambda: "Hello" in kinds(t))
+        hello = sent(t)[0]
+        t.reply(protocol.encode_ack(hello.producer, 0))
+        time.sleep(0.6)
+    assert "no collector has answered" not in caplog.text
+    p.close(timeout=0.1)
