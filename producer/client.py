@@ -434,8 +434,9 @@ class Producer:
 
     def stats(self) -> dict[str, int]:
         """Counters: calls queued (``logged``), messages sent and resent, messages awaiting
-        acknowledgement, calls dropped (caller queue full, unacked buffer full, or still
-        unacknowledged at close; delivered but left out by the collector, which says so in
+        acknowledgement, calls dropped (caller queue full, unacked buffer full, or never sent
+        when close() gave up: ``dropped_send``; those sent but not acknowledged by then, which
+        the collector may hold, are ``unconfirmed``, not dropped; delivered but left out by the collector, which says so in
         its acknowledgements: ``dropped_late`` for steps it had already emitted,
         ``dropped_conflict`` while another process held this rank, ``dropped_rejected`` in
         messages it rejected), calls larger than a message (``dropped_oversized``), invalid

@@ -36,15 +36,17 @@ HELLO_RETRY_S = 0.2
 
 
 class Outgoing:
-    """One data message: its number, bytes, and how many ``log()`` calls it carries."""
+    """One data message: its number, bytes, how many ``log()`` calls it carries, and whether
+    it went out at least once (then the collector may hold it, acknowledged or not)."""
 
-    __slots__ = ("entries", "payload", "seq", "size")
+    __slots__ = ("entries", "payload", "seq", "size", "went_out")
 
     def __init__(self, seq: int, payload: bytes, entries: int) -> None:
         self.seq = seq
         self.payload = payload
         self.entries = entries
         self.size = len(payload)
+        self.went_out = False
 
 
 class Outbox:
@@ -91,9 +93,17 @@ class Outbox:
         tells a collector without saved state that everything below is acknowledged."""
         return self._unacked[0].seq if self._unacked else self.next_seq
 
-    def lost_entries(self) -> int:
-        """``log()`` calls in messages still unacknowledged (what a close now would lose)."""
-        return sum(item.entries for item in self._unacked)
+    def lost_entries(self) -> tuple[int, int]:
+        """What a close now would leave behind, in ``log()`` calls: those in messages that
+        never went out (lost for certain), and those in messages sent but not acknowledged
+        (the collector may well have merged them: its acknowledgement is what is missing)."""
+        unsent = unconfirmed = 0
+        for item in self._unacked:
+            if item.went_out:
+                unconfirmed += item.entries
+            else:
+                unsent += item.entries
+        return unsent, unconfirmed
 
     # ------------------------------------------------------------------ sending
 
@@ -114,7 +124,7 @@ class Outbox:
 
     def sent(self) -> None:
         """The message :meth:`next_unsent` returned went out."""
-        self._unsent.popleft()
+        self._unsent.popleft().went_out = True
 
     def resend_all(self, now: float) -> int:
         """Send everything unacknowledged again, in order; return how many are repeats."""

@@ -726,13 +726,31 @@ class Sender(threading.Thread):
             self._cycle()
             if self.outbox.unacked:
                 time.sleep(0.005)
-        lost = self.outbox.lost_entries()
-        if lost:
-            self.counters.dropped_send += lost
+        unsent, unconfirmed = self.outbox.lost_entries()
+        self.counters.dropped_send += unsent
+        self.counters.unconfirmed += unconfirmed
+        if unsent or unconfirmed:
+            ident = self.registration.identity
             log.warning(
-                "rlpulse producer %s/%s closed with %d unacknowledged log() calls (no collector "
-                "answered in time)",
-                self.registration.identity.role,
-                self.registration.identity.rank,
-                lost,
+                "rlpulse producer %s/%s closed after %.1fs: %s",
+                ident.role,
+                ident.rank,
+                self._close_timeout_s,
+                self._close_verdict(unsent, unconfirmed),
             )
+
+    def _close_verdict(self, unsent: int, unconfirmed: int) -> str:
+        """What a close that gave up left behind, and why, in words."""
+        parts = []
+        if unsent:
+            parts.append(
+                f"{unsent} log() calls never sent, lost (stats() dropped_send): "
+                + ("no collector answered" if not self._ever_connected else "not connected")
+            )
+        if unconfirmed:
+            parts.append(
+                f"{unconfirmed} log() calls sent but not acknowledged in time (stats() "
+                "unconfirmed): the collector may hold them; a step that misses them is flagged "
+                "partial naming this rank"
+            )
+        return "; ".join(parts)

@@ -39,8 +39,11 @@ STAT_KEYS = (
     "errors",
     "dropped_oversized",
     "dropped_rejected",
+    "unconfirmed",
 )
-"""Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``)."""
+"""Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``).
+``unconfirmed`` (not a drop): calls sent but still unacknowledged when ``close()`` gave up,
+which the collector may have merged; ``dropped_send`` counts only calls that never went out."""
 COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected")
 """Drops the collector counts itself and reports back in its acknowledgements."""
 DROP_KEYS = (
@@ -51,7 +54,7 @@ DROP_KEYS = (
     *COLLECTOR_DROP_KEYS,
 )
 """The counters of ``log()`` calls a producer dropped: its queue full, its unacknowledged
-buffer full, still unacknowledged when it closed, or alone larger than a message may be; or
+buffer full, never sent before it closed, or alone larger than a message may be; or
 delivered but not merged by the collector, which says so in its acknowledgements: late (their
 step was already emitted), refused because another process holds the producer's (role, rank)
 slot, or in a message the collector rejected as malformed."""

@@ -80,8 +80,30 @@ def test_close_waits_its_timeout_then_counts_what_is_unacknowledged() -> None:
     p.close(timeout=0.4)
     assert 0.3 < time.monotonic() - started < 2.0
     stats = p.stats()
-    assert stats["dropped_send"] == 2 and stats["unacked"] > 0
+    # sent, never acknowledged: the collector may hold them, so they are not counted lost
+    assert stats["unconfirmed"] == 2 and stats["dropped_send"] == 0 and stats["unacked"] > 0
     assert "Bye" in kinds(t) and t.closed
+
+
+def test_dropped_send_counts_only_calls_that_never_went_out() -> None:
+    """Issue 38, item 12: calls the collector had merged were counted as dropped because
+    their acknowledgement had not come back by close(). Only what never left is lost for
+    certain; what left unacknowledged is ``unconfirmed``."""
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    p.log({"x": 1.0}, step=0)
+    p.log({"x": 2.0}, step=1)
+    assert until(lambda: sum(isinstance(m, protocol.Metrics) for m in sent(t)) >= 1)
+    assert until(
+        lambda: sum(len(m.entries) for m in sent(t) if isinstance(m, protocol.Metrics)) == 2
+    )
+    t.accepting = False  # from now on nothing leaves (a connection gone quiet)
+    for step in range(2, 5):
+        p.log({"x": float(step)}, step=step)
+    p.close(timeout=0.3)
+    stats = p.stats()
+    assert stats["dropped_send"] == 3 and stats["unconfirmed"] == 2, stats
 
 
 def test_the_caller_queues_named_items_in_order() -> None:
