@@ -306,12 +306,14 @@ class Aggregator:
         if after is not None and self.membership.holds_slot(prod):
             self._run(prod.run).skip(prod.slot, after, first)
 
-    def admits(self, msg: protocol.Message) -> bool:
+    def admits(self, msg: protocol.Message, closing: bool = False) -> bool:
         """Whether ``msg`` may be applied now. A producer's data that would open a step
         while its run already holds ``max_open_steps`` open steps waits (the daemon leaves it
         unacknowledged, and asks for it again once steps were emitted): a producer merely
         ahead of the others (it has finished the oldest open step) is held back instead of
-        forcing the oldest steps out partial."""
+        forcing the oldest steps out partial. A ``closing`` producer (its goodbye has come,
+        behind the data held back) is admitted up to the hard bound (``HARD_OPEN_FACTOR``
+        times the window), so its ``close()`` need not wait for the others to catch up."""
         if type(msg) is not protocol.Metrics:
             return True
         prod = self.membership.producers.get(msg.producer)
@@ -319,7 +321,10 @@ class Aggregator:
         if run is None or len(run.steps) < self.config.max_open_steps:
             return True
         steps, last = run.steps, run.last_emitted
-        if all(e[0] in steps or e[0] <= last for e in msg.entries):
+        opens = {e[0] for e in msg.entries if e[0] not in steps and e[0] > last}
+        if not opens:
+            return True
+        if closing and len(steps) + len(opens) <= self.config.max_open_steps * HARD_OPEN_FACTOR:
             return True
         # It opens a step. Hold it only if this producer is ahead: it has finished the oldest
         # open step. One that still owes it is what the window waits for: always admitted.

@@ -23,7 +23,11 @@ are applied in order and it is told to go on: ``go``, sending what it has not se
 ``resend``, everything unacknowledged, when the bound made us drop some of what it sent.
 Dropped instead, each release would have had the producer send its whole backlog again for
 one window's room: 2,000 ``log()`` calls became about 13,000 messages when a run's first steps
-waited ``settle_s`` for its other roles.
+waited ``settle_s`` for its other roles. A held-back producer whose goodbye is parked is
+closing: its parked messages are released without waiting for room, admitted up to the run's
+hard bound (``admit(msg, closing=True)``), so they are applied, made durable and acknowledged
+while its ``close()`` still waits (a rank that finished far ahead lost everything it had not
+had acknowledged when its close gave up).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
@@ -61,6 +66,13 @@ SEQUENCED = (*protocol.RELIABLE, protocol.Rejected)
 Incoming = protocol.Message | protocol.Rejected
 
 
+class Admit(Protocol):
+    """Whether a data message may be applied now (``Aggregator.admits``); ``closing``: its
+    producer has said goodbye, so only the run's hard bound holds it back."""
+
+    def __call__(self, msg: protocol.Message, closing: bool = False) -> bool: ...
+
+
 class Delivery:
     """Sequencing state per producer id. ``accept`` returns the messages to apply, in order."""
 
@@ -86,6 +98,8 @@ class Delivery:
         """Producers released since the last acknowledgements, to be told to go on: to
         resend (True: some of what they sent while held was dropped) or to send what they
         have not sent yet (False)."""
+        self._closing: set[int] = set()
+        """Held-back producers whose goodbye is parked: released without waiting for room."""
         self._overflowed: set[int] = set()
         """Held-back producers some of whose messages did not fit where they are parked."""
         self._parked: dict[int, dict[int, tuple[Incoming, bytes]]] = {}
@@ -110,7 +124,7 @@ class Delivery:
         msg: Incoming,
         identity: bytes,
         raw: bytes = b"",
-        admit: Callable[[protocol.Message], bool] | None = None,
+        admit: Admit | None = None,
     ) -> list[tuple[protocol.Message, bytes]]:
         """The messages to apply now, each with its raw bytes (for the write-ahead log).
         ``admit`` (``Aggregator.admits``) may hold a data message back: it is then neither
@@ -183,6 +197,12 @@ class Delivery:
         parked = self._parked.setdefault(msg.producer, {})
         if msg.seq in parked:
             return
+        if type(msg) is protocol.Bye:  # kept past the bound: it says the producer is closing
+            self._closing.add(msg.producer)
+            parked[msg.seq] = (msg, raw)
+            self._held_count += 1
+            self._held_bytes += len(raw)
+            return
         if not self._room(raw):
             self.health.out_of_order += 1
             self._overflowed.add(msg.producer)
@@ -196,6 +216,7 @@ class Delivery:
         was (or was dropped)."""
         dropped = pid in self._overflowed
         self._overflowed.discard(pid)
+        self._closing.discard(pid)
         for _, raw in self._parked.pop(pid, {}).values():
             self._held_count -= 1
             self._held_bytes -= len(raw)
@@ -206,7 +227,7 @@ class Delivery:
         self,
         msg: Incoming,
         raw: bytes,
-        admit: Callable[[protocol.Message], bool] | None = None,
+        admit: Admit | None = None,
     ) -> list[tuple[protocol.Message, bytes]]:
         pid = msg.producer
         last = self.last_seq[pid]
@@ -264,18 +285,20 @@ class Delivery:
             self.last_seq[msg.producer] = msg.seq - 1
 
     def release(
-        self, has_room: Callable[[int], bool], admit: Callable[[protocol.Message], bool]
+        self, has_room: Callable[[int], bool], admit: Admit
     ) -> Iterator[tuple[protocol.Message, bytes]]:
         """The parked messages to apply now, in order: those of held-back producers whose
-        run has room again (``Aggregator.has_room``), up to the first ``admit`` refuses.
-        Apply each before taking the next (``admit`` must see it). A producer whose parked
-        messages all went in is told to go on by its next acknowledgement; one refused
-        again stays held back, its rest parked."""
-        for pid in [p for p in self._held_back if has_room(p)]:
+        run has room again (``Aggregator.has_room``), or that are closing, up to the first
+        ``admit`` refuses. Apply each before taking the next (``admit`` must see it). A
+        producer whose parked messages all went in is told to go on by its next
+        acknowledgement; one refused again stays held back, its rest parked."""
+        for pid in [p for p in self._held_back if p in self._closing or has_room(p)]:
             parked = self._parked.get(pid, {})
+            closing = pid in self._closing
             while (item := parked.get(self.last_seq[pid] + 1)) is not None:
                 msg, raw = item
-                if type(msg) is not protocol.Rejected and not admit(msg):
+                admitted = admit(msg, closing=True) if closing else admit(msg)
+                if type(msg) is not protocol.Rejected and not admitted:
                     break
                 del parked[msg.seq]
                 self._held_count -= 1

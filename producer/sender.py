@@ -257,6 +257,8 @@ class Sender(threading.Thread):
         self._next_ask = 0.0
         self.recorded_run = ""
         """The run the collector records us under, when it says it is not ours (an attempt)."""
+        self._held = False
+        """The collector holds us back (flow control) and has not let us go on since."""
         self._told = {"dropped_late": 0, "dropped_conflict": 0, "dropped_rejected": 0}
         """The collector's cumulative counts of our entries it left out, as last told."""
 
@@ -344,11 +346,16 @@ class Sender(threading.Thread):
                 self.registration.answered = True  # any ack, a hello's answer included
                 self._silent_since = None
                 self.outbox.ack(msg.seq, time.monotonic())
-                if msg.hold:  # ahead of the other ranks: wait until the collector has room
+                if msg.hold and not self._stopping.is_set():
+                    # Ahead of the other ranks: wait until the collector has room. Not at
+                    # close: the goodbye must reach it, and it takes a closing producer's data.
+                    self._held = True
                     self.outbox.hold(time.monotonic())
                 if msg.resend:  # the collector has room again, and dropped some we sent
+                    self._held = False
                     self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
                 elif msg.go:  # the collector has room again, and kept all we sent
+                    self._held = False
                     self.outbox.go_on(time.monotonic())
                 if msg.late or msg.conflict or msg.rejected or msg.run:
                     self._feedback(msg)
@@ -672,6 +679,10 @@ class Sender(threading.Thread):
                     self._heartbeat()
                     next_beat = time.monotonic() + heartbeat_s
             deadline = time.monotonic() + self._close_timeout_s
+            # Held back or not, send everything now: the collector parks what it cannot
+            # apply yet, and once the goodbye is among it, applies it all and acknowledges
+            # (``rlpulse.collector.delivery``: a closing producer).
+            self.outbox.go_on(time.monotonic())
             self._drain()
             # Keep a share of the time for the goodbye, even if the GPU never catches up.
             self._wait_for_gpu(deadline - min(0.5, self._close_timeout_s / 4))
@@ -730,6 +741,8 @@ class Sender(threading.Thread):
         self.counters.dropped_send += unsent
         self.counters.unconfirmed += unconfirmed
         if unsent or unconfirmed:
+            if self._connected:  # the collector's producer_dropped_total counts it too
+                self._heartbeat()
             ident = self.registration.identity
             log.warning(
                 "rlpulse producer %s/%s closed after %.1fs: %s",
@@ -748,9 +761,16 @@ class Sender(threading.Thread):
                 + ("no collector answered" if not self._ever_connected else "not connected")
             )
         if unconfirmed:
+            why = (
+                "the collector holds this producer back (flow control: it is ahead of its "
+                "run's other ranks by the collector's max_open_steps) and keeps them to merge "
+                "as the others catch up"
+                if self._held
+                else "the collector may hold them"
+            )
             parts.append(
                 f"{unconfirmed} log() calls sent but not acknowledged in time (stats() "
-                "unconfirmed): the collector may hold them; a step that misses them is flagged "
-                "partial naming this rank"
+                f"unconfirmed): {why}; a step that misses them is flagged partial naming "
+                "this rank"
             )
         return "; ".join(parts)

@@ -156,3 +156,25 @@ def test_data_is_acknowledged_once_its_delay_is_over_oldest_first_and_urgent_at_
     assert sorted(P.decode(a).producer for _, a in d.acks()) == [1, 2]
     d.accept(done(1, 4), b"id1")
     assert [P.decode(a) for _, a in d.acks(everything=True)] == [P.Ack(1, 4)]
+
+
+def test_a_held_back_producer_that_says_goodbye_is_released_as_closing() -> None:
+    """Issue 38, item 11: a rank far ahead closes while held back. Once its goodbye is parked
+    behind its held data, what is parked is released without waiting for room, each message
+    admitted as ``closing`` (the run's hard bound), so its close is acknowledged."""
+    d = Delivery()
+    asked: list[tuple[int, bool]] = []
+
+    def admit(m: P.Message, closing: bool = False) -> bool:
+        asked.append((m.seq, closing))
+        return closing or m.seq < 3
+
+    d.accept(hello(4), b"id")
+    for seq in range(1, 5):
+        d.accept(done(4, seq), b"id", b"r%d" % seq, admit)
+    assert list(d.release(lambda pid: False, admit)) == []  # no room, not closing: parked
+    d.accept(P.Bye(4, 5, {}), b"id", b"bye", admit)
+    released = list(d.release(lambda pid: False, admit))
+    assert seqs(released) == [3, 4, 5] and (3, True) in asked
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 5, go=True)]
+    assert d._held_count == 0 and d._held_bytes == 0

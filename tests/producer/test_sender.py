@@ -198,3 +198,32 @@ def test_a_producer_answered_in_time_does_not_warn(monkeypatch, caplog) -> None:
         time.sleep(0.6)
     assert "no collector has answered" not in caplog.text
     p.close(timeout=0.1)
+
+
+def test_a_held_back_producer_sends_everything_at_close_and_says_why_it_gave_up(caplog) -> None:
+    """Issue 38, item 11: held back by flow control, a closing producer still sends what it
+    holds and its goodbye (the collector takes a closing producer's data); if the close
+    still gives up, the warning says the collector held it back (not "no collector
+    answered"), and a last heartbeat tells the collector the final counts."""
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    p.log({"x": 0.0}, step=0)
+    assert until(lambda: any(isinstance(m, protocol.Metrics) for m in sent(t)))
+    pid = sent(t)[0].producer
+    t.reply(protocol.encode_ack(pid, 0, hold=True))
+    time.sleep(0.1)
+    for step in range(1, 4):
+        p.log({"x": float(step)}, step=step)
+    time.sleep(0.2)
+    held = [e[0] for m in sent(t) if isinstance(m, protocol.Metrics) for e in m.entries]
+    assert held == [0]  # held: nothing more goes out
+    with caplog.at_level("WARNING", logger="rlpulse.producer"):
+        p.close(timeout=0.3)
+    steps = [e[0] for m in sent(t) if isinstance(m, protocol.Metrics) for e in m.entries]
+    assert steps == [0, 1, 2, 3] and "Bye" in kinds(t)
+    stats = p.stats()
+    assert stats["unconfirmed"] == 4 and stats["dropped_send"] == 0
+    assert "holds this producer back" in caplog.text
+    last = sent(t)[-1]
+    assert isinstance(last, protocol.Heartbeat) and last.stats["unconfirmed"] == 4
