@@ -1,10 +1,12 @@
 """Exactly-once application of each producer's data messages, and the acknowledgements.
 
 Producers number their data messages (``metrics``, ``done``, ``bye``) 1, 2, 3... and resend
-whatever is unacknowledged. The collector applies message ``n`` of a producer only right after
+what the collector asks for. The collector applies message ``n`` of a producer only right after
 ``n - 1``: a repeat (``<= n - 1``) is a duplicate, re-acknowledged and dropped; a gap (a
-message lost in a broken connection before later ones arrived) is dropped unacknowledged, and
-the producer's resend fills it in order. A producer's ``hello`` says where its numbering
+message lost before later ones arrived) is dropped unacknowledged, and the producer is asked
+to resend from the gap (``resend``), as it is when a heartbeat says it sent more than was
+applied (a heartbeat's ``seq`` is one past the highest number its producer sent). Every
+acknowledgement says the collector asks (``asks``), so producers never resend on a timer. A producer's ``hello`` says where its numbering
 starts (its oldest unacknowledged message), so a collector without saved state picks up any
 producer mid-stream. Messages from a producer not registered yet are held, bounded, until its
 hello arrives. Every hello is acknowledged (with the producer's last applied number), so a
@@ -57,6 +59,9 @@ Well below the producers' ``resend_s``."""
 URGENT = (protocol.Bye, protocol.Delta, protocol.Rejected)
 """Data messages acknowledged at once: a goodbye (``close()`` waits), a relay's delta (the
 relay sends the next only then), a rejection (the producer counts it)."""
+ASK_AGAIN_S = 5.0
+"""A producer asked to resend from a number is not asked again for the same number sooner
+(what it resent is on its way behind the messages and heartbeats that showed the gap)."""
 MAX_HELD_BYTES = 64 * 1024 * 1024
 """Bytes kept for producers whose hello has not arrived yet and parked for held-back ones:
 the bound that matters when their messages are large (60 messages of 8 MiB would be half a
@@ -83,8 +88,16 @@ class Delivery:
         max_held_bytes: int = MAX_HELD_BYTES,
         clock: Callable[[], float] = time.monotonic,
         ack_delay_s: float = ACK_DELAY_S,
+        ask_again_s: float = ASK_AGAIN_S,
     ) -> None:
         self.health = health or Health()
+        self.ask_again_s = ask_again_s
+        self._asked: dict[int, tuple[int, float]] = {}
+        """Per producer asked to resend: after which number, and when."""
+        self._asking: set[int] = set()
+        """Producers to ask for a resend at the next :meth:`acks`, unless filled by then."""
+        self._received: dict[int, int] = {}
+        """Per producer, the highest number that reached us (applied, parked or dropped)."""
         self.clock = clock
         self.ack_delay_s = ack_delay_s
         self.max_held = max_held
@@ -151,9 +164,25 @@ class Delivery:
         self.identity[pid] = identity
         if isinstance(msg, SEQUENCED):
             return self._sequenced(msg, raw, admit)
-        if type(msg) is protocol.Heartbeat and msg.flush:
-            self._owe_now(pid)
+        if type(msg) is protocol.Heartbeat:
+            if msg.flush:
+                self._owe_now(pid)
+            # It sent more than ever reached us: lost on the way. Asked for an ack (its
+            # acknowledgements stall), more than we applied: what we dropped, or our ask, lost.
+            have = self.last_seq[pid] if msg.flush else self._received.get(pid, 0)
+            if msg.seq - 1 > max(have, self.last_seq[pid]) and pid not in self._held_back:
+                self._ask_resend(pid)
         return [(msg, raw)]
+
+    def _ask_resend(self, pid: int) -> None:
+        """Ask producer ``pid`` for everything after its last applied message, unless it was
+        asked for the same within ``ask_again_s``."""
+        last, now = self.last_seq[pid], self.clock()
+        asked = self._asked.get(pid)
+        if asked is not None and asked[0] == last and now - asked[1] < self.ask_again_s:
+            return
+        self._asked[pid] = (last, now)
+        self._asking.add(pid)
 
     def _owe_now(self, pid: int) -> None:
         """Producer ``pid`` is owed an acknowledgement at once."""
@@ -231,6 +260,8 @@ class Delivery:
     ) -> list[tuple[protocol.Message, bytes]]:
         pid = msg.producer
         last = self.last_seq[pid]
+        if msg.seq > self._received.get(pid, 0):
+            self._received[pid] = msg.seq
         if msg.seq <= last:
             self.health.duplicates += 1
             self._owe_now(pid)  # a resend: it waits for this
@@ -240,6 +271,7 @@ class Delivery:
                 self._park(msg, raw)
             else:
                 self.health.out_of_order += 1
+                self._ask_resend(pid)
             return []
         if admit is not None and type(msg) is not protocol.Rejected and not admit(msg):
             if pid not in self._held_back:
@@ -307,6 +339,8 @@ class Delivery:
             else:  # all in, or a gap (dropped past the bound): the producer resends the rest
                 self._held_back.discard(pid)
                 self._wake[pid] = self._unpark(pid)
+                if self._wake[pid]:  # asked to resend: not again for the same soon
+                    self._asked[pid] = (self.last_seq[pid], self.clock())
 
     def acks(
         self,
@@ -320,6 +354,10 @@ class Delivery:
         (``Aggregator.feedback``). Producers released since the last call (:meth:`release`)
         are told to go on; those newly held back, to hold."""
         wake, self._wake = self._wake, {}
+        for pid in self._asking:  # a gap not filled meanwhile (by what was on its way)
+            if self._asked[pid][0] == self.last_seq.get(pid):
+                wake.setdefault(pid, True)
+        self._asking.clear()
         hold, self._tell_hold = self._tell_hold - wake.keys(), set()
         due, later = list(self._ack_now), self._ack_later
         self._ack_now.clear()
@@ -349,6 +387,7 @@ class Delivery:
                     resend=wake.get(pid) is True,
                     hold=pid in hold,
                     go=wake.get(pid) is False,
+                    asks=True,
                 )
                 out.append((identity, ack))
         return out

@@ -259,6 +259,12 @@ class Sender(threading.Thread):
         """The run the collector records us under, when it says it is not ours (an attempt)."""
         self._held = False
         """The collector holds us back (flow control) and has not let us go on since."""
+        self._resync = False
+        """Reconnected with messages sent before: nothing goes out until the collector's first
+        answer says what it has (:meth:`_resend` from there)."""
+        self._resent: int | None = None
+        self._resent_at = 0.0
+        """The last resend: after which number, and when."""
         self._told = {"dropped_late": 0, "dropped_conflict": 0, "dropped_rejected": 0}
         """The collector's cumulative counts of our entries it left out, as last told."""
 
@@ -294,7 +300,11 @@ class Sender(threading.Thread):
                     self.registration.reset()
                 if self._connected and not was:
                     self._say_hello()
-                    self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
+                    # Sent before, unacknowledged: resent once the collector's first answer
+                    # says what it has (not all of it blindly: it may hold most).
+                    box = self.outbox
+                    self._resync = box.sent_seq > box.acked
+                    self._resent = None
             if not (waiting and events):
                 return  # no wait asked, or the wait ran out with nothing
 
@@ -328,7 +338,7 @@ class Sender(threading.Thread):
         """Send unsent messages in order until the transport refuses one. Nothing goes out
         before the hello has on this connection."""
         box = self.outbox
-        while self._connected and self.registration.data_may_follow:
+        while self._connected and self.registration.data_may_follow and not self._resync:
             item = box.next_unsent(time.monotonic())
             if item is None or not self._send(item.payload):
                 return
@@ -346,19 +356,34 @@ class Sender(threading.Thread):
                 self.registration.answered = True  # any ack, a hello's answer included
                 self._silent_since = None
                 self.outbox.ack(msg.seq, time.monotonic())
+                self.outbox.asking |= msg.asks
+                if self._resync:  # a new connection's first answer: it lacks what is after it
+                    self._resync = False
+                    self._resend(msg.seq)
                 if msg.hold and not self._stopping.is_set():
                     # Ahead of the other ranks: wait until the collector has room. Not at
                     # close: the goodbye must reach it, and it takes a closing producer's data.
                     self._held = True
                     self.outbox.hold(time.monotonic())
-                if msg.resend:  # the collector has room again, and dropped some we sent
+                if msg.resend:  # the collector lacks what is after msg.seq: it asks for it
                     self._held = False
-                    self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
+                    self._resend(msg.seq)
                 elif msg.go:  # the collector has room again, and kept all we sent
                     self._held = False
                     self.outbox.go_on(time.monotonic())
                 if msg.late or msg.conflict or msg.rejected or msg.run:
                     self._feedback(msg)
+
+    def _resend(self, after: int) -> None:
+        """Send again what is unacknowledged, everything after ``after``, unless all of it
+        has just been resent (within ``resend_s``: the collector asked again, seeing a
+        message or heartbeat we sent before that resend reached it)."""
+        now = time.monotonic()
+        recent = now - self._resent_at < self.config.resend_s
+        if recent and self._resent is not None and after >= self._resent:
+            return
+        self._resent, self._resent_at = after, now
+        self.counters.resent_messages += self.outbox.resend_all(now)
 
     def _feedback(self, ack: protocol.Ack) -> None:
         """Count what the collector says it left out, and the run it records us under."""
@@ -621,8 +646,11 @@ class Sender(threading.Thread):
         now = time.monotonic()
         if self._silent_since is not None and now - self._silent_since >= SILENT_WARN_S:
             self._warn_silent(now - self._silent_since)
-        if self.outbox.stalled(now):
-            self.counters.resent_messages += self.outbox.resend_all(now)
+        if self.outbox.stalled(now):  # acknowledgements stall: ask for one (or resend, to
+            if self.outbox.asking:  # a collector that does not ask for what it lacks)
+                self._heartbeat(flush=True)
+            else:
+                self.counters.resent_messages += self.outbox.resend_all(now)
         self._pump()
         if self.outbox.awaited or self._stopping.is_set():
             self._ask_for_acks(now)
@@ -655,7 +683,10 @@ class Sender(threading.Thread):
 
     def _heartbeat(self, flush: bool = False) -> None:
         self._send(
-            protocol.encode_heartbeat(self.producer_id, self.outbox.next_seq, self.stats(), flush)
+            # seq: past the highest number sent, so the collector sees what it lacks
+            protocol.encode_heartbeat(
+                self.producer_id, self.outbox.sent_seq + 1, self.stats(), flush
+            )
         )
 
     def run(self) -> None:

@@ -254,6 +254,9 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     go: bool = False
     """Go on sending what was not sent yet: the collector has room again and kept
     everything this producer sent while held (applied now, or still on its way)."""
+    asks: bool = False
+    """This collector asks for what it misses (``resend`` when a producer's message or
+    heartbeat shows a gap), so the producer never resends on a timer alone."""
 
 
 class Member(Struct, array_like=True, frozen=True, gc=False):

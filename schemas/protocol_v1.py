@@ -115,6 +115,7 @@ def encode_ack(
     resend: bool = False,
     hold: bool = False,
     go: bool = False,
+    asks: bool = False,
 ) -> bytes:
     """An acknowledgement (:class:`~rlpulse.schemas.messages.Ack`); the feedback keys are sent only
     when set, and a producer that predates them ignores them."""
@@ -133,6 +134,8 @@ def encode_ack(
         extra["h"] = True
     if go:
         extra["g"] = True
+    if asks:
+        extra["a"] = True
     return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq, **extra})
 
 
@@ -327,5 +330,6 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             obj.get("h") is True,
             obj.get("w") is True,
             obj.get("g") is True,
+            obj.get("a") is True,
         )
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")
