@@ -341,7 +341,7 @@ class Aggregator:
             return True
         return prod.watermark < min(run.steps)  # type: ignore[union-attr]
 
-    def feedback(self, pid: int) -> tuple[int, int, str]:
+    def feedback(self, pid: int) -> tuple[int, int, str, int]:
         """What an acknowledgement tells producer ``pid`` (``Membership.feedback``)."""
         return self.membership.feedback(pid)
 
@@ -411,6 +411,8 @@ class Aggregator:
                 self._late(run, f"{prod.role}/{prod.rank} (restarted)", step)
             return
         run.add(state, table, values, role_bit, prod.pid, t, nonfinite, sketches)
+        if run.names_full:  # names left out of this run: tell the producer how many of its
+            prod.names_dropped += run.layout(table).dropped
         spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
         if spans:
             state.spans += spans

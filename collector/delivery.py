@@ -344,7 +344,7 @@ class Delivery:
 
     def acks(
         self,
-        feedback: Callable[[int], tuple[int, int, str]] | None = None,
+        feedback: Callable[[int], tuple[int, int, str, int]] | None = None,
         everything: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """(identity, ack message) for every producer whose acknowledgement is due (all of
@@ -377,17 +377,22 @@ class Delivery:
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)
             if identity is not None:
-                extra = feedback(pid) if feedback is not None else (0, 0, "")
+                late, conflict, run, names = (
+                    feedback(pid) if feedback is not None else (0, 0, "", 0)
+                )
                 rejected = self.rejected.get(pid, 0)
                 ack = protocol.encode_ack(
                     pid,
                     self.last_seq[pid],
-                    *extra,
+                    late,
+                    conflict,
+                    run,
                     rejected,
                     resend=wake.get(pid) is True,
                     hold=pid in hold,
                     go=wake.get(pid) is False,
                     asks=True,
+                    names=names,
                 )
                 out.append((identity, ack))
         return out

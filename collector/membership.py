@@ -68,6 +68,10 @@ class ProducerInfo:
     """Its entries left out because their step had been emitted (told back in acks)."""
     conflict: int = 0
     """Its entries refused because another process holds its slot (told back in acks)."""
+    names_dropped: int = 0
+    """Values of its entries left out: names beyond its run's ``max_names_per_run``, or
+    computed by the collector (told back in acks; not saved: counted again after a
+    restart from what is replayed)."""
     replaced: int | None = None
     """The producer whose slot it took when it registered (withdrawn by the aggregator)."""
     resumes_after: int | None = None
@@ -393,14 +397,14 @@ class Membership:
         prod.last_seen = now
         return prod
 
-    def feedback(self, pid: int) -> tuple[int, int, str]:
+    def feedback(self, pid: int) -> tuple[int, int, str, int]:
         """What an acknowledgement tells producer ``pid`` beyond the sequence number: its
-        entries left out as late and as conflicts, and the run it is recorded under when that
-        is not the name it gave ("" otherwise)."""
+        entries left out as late and as conflicts, the run it is recorded under when that
+        is not the name it gave ("" otherwise), and its values of names left out."""
         prod = self.producers.get(pid)
         if prod is None:
-            return 0, 0, ""
-        return prod.late, prod.conflict, prod.run if prod.asked_run else ""
+            return 0, 0, "", 0
+        return prod.late, prod.conflict, prod.run if prod.asked_run else "", prod.names_dropped
 
     def note_stats(self, prod: ProducerInfo, stats: Mapping[str, int]) -> None:
         prod.stats = stats

@@ -265,7 +265,7 @@ class Sender(threading.Thread):
         self._resent: int | None = None
         self._resent_at = 0.0
         """The last resend: after which number, and when."""
-        self._told = {"dropped_late": 0, "dropped_conflict": 0, "dropped_rejected": 0}
+        self._told = dict.fromkeys(protocol.COLLECTOR_DROP_KEYS, 0)
         """The collector's cumulative counts of our entries it left out, as last told."""
 
     @property
@@ -371,7 +371,7 @@ class Sender(threading.Thread):
                 elif msg.go:  # the collector has room again, and kept all we sent
                     self._held = False
                     self.outbox.go_on(time.monotonic())
-                if msg.late or msg.conflict or msg.rejected or msg.run:
+                if msg.late or msg.conflict or msg.rejected or msg.run or msg.names:
                     self._feedback(msg)
 
     def _resend(self, after: int) -> None:
@@ -392,6 +392,7 @@ class Sender(threading.Thread):
             ("dropped_late", ack.late),
             ("dropped_conflict", ack.conflict),
             ("dropped_rejected", ack.rejected),
+            ("dropped_names", ack.names),
         ):
             last, self._told[key] = self._told[key], told
             # Less than before: a collector that restarted without its state counts afresh.

@@ -40,11 +40,12 @@ STAT_KEYS = (
     "dropped_oversized",
     "dropped_rejected",
     "unconfirmed",
+    "dropped_names",
 )
 """Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``).
 ``unconfirmed`` (not a drop): calls sent but still unacknowledged when ``close()`` gave up,
 which the collector may have merged; ``dropped_send`` counts only calls that never went out."""
-COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected")
+COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected", "dropped_names")
 """Drops the collector counts itself and reports back in its acknowledgements."""
 DROP_KEYS = (
     "dropped_queue_full",
@@ -57,7 +58,8 @@ DROP_KEYS = (
 buffer full, never sent before it closed, or alone larger than a message may be; or
 delivered but not merged by the collector, which says so in its acknowledgements: late (their
 step was already emitted), refused because another process holds the producer's (role, rank)
-slot, or in a message the collector rejected as malformed."""
+slot, in a message the collector rejected as malformed, or values of names the collector
+left out (beyond its ``max_names_per_run``, or a name it computes itself)."""
 ROW_BYTES = WIDTH * 8
 """Bytes of one state on the wire."""
 KIND_CODES = frozenset(int(r) for r in Reduction)
@@ -254,6 +256,9 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     go: bool = False
     """Go on sending what was not sent yet: the collector has room again and kept
     everything this producer sent while held (applied now, or still on its way)."""
+    names: U63 = 0
+    """Cumulatively, values of the producer's entries left out because their name was one too
+    many for its run (``max_names_per_run``) or is one the collector computes itself."""
     asks: bool = False
     """This collector asks for what it misses (``resend`` when a producer's message or
     heartbeat shows a gap), so the producer never resends on a timer alone."""

@@ -116,6 +116,7 @@ def encode_ack(
     hold: bool = False,
     go: bool = False,
     asks: bool = False,
+    names: int = 0,
 ) -> bytes:
     """An acknowledgement (:class:`~rlpulse.schemas.messages.Ack`); the feedback keys are sent only
     when set, and a producer that predates them ignores them."""
@@ -136,6 +137,8 @@ def encode_ack(
         extra["g"] = True
     if asks:
         extra["a"] = True
+    if names:
+        extra["n"] = names
     return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq, **extra})
 
 
@@ -319,7 +322,7 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             raise SchemaError(
                 "bad_field", f"an ack's run ('r') must be a run name, got {run!r:.80}"
             )
-        counts = {k: obj.get(k, 0) for k in ("l", "c", "x")}
+        counts = {k: obj.get(k, 0) for k in ("l", "c", "x", "n")}
         return Ack(
             producer,
             seq,
@@ -330,6 +333,7 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             obj.get("h") is True,
             obj.get("w") is True,
             obj.get("g") is True,
+            _int(counts, "n", "names dropped"),
             obj.get("a") is True,
         )
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")

@@ -357,3 +357,12 @@ def test_declared_topology_is_waited_for_by_name() -> None:
     h.send(hello(2, role="critic", rank=0, ws=2), hello(3, role="critic", rank=1, ws=2))
     h.send(P.Done(2, 2, 0), P.Done(3, 2, 0))
     assert h.steps() == [0] and not h.records[0].partial  # no settle wait: the topology is known
+
+
+def test_names_beyond_the_run_bound_are_told_to_their_producer() -> None:
+    """Issue 38, item 5: counted at the collector only; now in the producer's feedback."""
+    h = Harness(max_names_per_run=2, liveness_s=1000)
+    h.send(hello(1, rank=0, ws=1))
+    h.send(metrics(1, 0, {"x/a": 1.0, "x/b": 1.0, "x/c": 1.0, "x/d": 1.0}))
+    h.send(metrics(1, 1, {"x/a": 1.0, "x/b": 1.0, "x/c": 1.0, "x/d": 1.0}))
+    assert h.agg.feedback(1)[3] == 4 and h.agg.health.names_overflow >= 2
