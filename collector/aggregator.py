@@ -341,7 +341,7 @@ class Aggregator:
             return True
         return prod.watermark < min(run.steps)  # type: ignore[union-attr]
 
-    def feedback(self, pid: int) -> tuple[int, int, str, int]:
+    def feedback(self, pid: int) -> tuple[int, int, str, int, list[tuple[int, int]]]:
         """What an acknowledgement tells producer ``pid`` (``Membership.feedback``)."""
         return self.membership.feedback(pid)
 
@@ -507,6 +507,7 @@ class Aggregator:
                 self._resume_members(pids, step)
             state = self._open_or_late(run, step, now, position, f"relay {relay.pid:x}")
             if state is None:
+                self._late_members(relay, pids)
                 continue
             row_roles = np.array([members.bits_of(o) for o in owners], dtype=np.int64)
             run.add_merged(
@@ -527,6 +528,16 @@ class Aggregator:
                     # other way, one it never ran would go out complete without its data.
                     self._resume(member, watermark + 1, ran=False)
                 self._advance(member, watermark, now)
+
+    def _late_members(self, relay: ProducerInfo, pids: list[int]) -> None:
+        """A relay's entry came late: each member merged in it lost an entry, told back to
+        the relay (``Membership.relay_late``) so it tells the producer."""
+        told = self.membership.relay_late.setdefault(relay.pid, {})
+        for pid in pids:
+            member = self.membership.producers.get(pid)
+            if member is not None and member.via == relay.pid:
+                member.late += 1
+                told[pid] = member.late
 
     def _resume_members(self, pids: list[int], step: int) -> None:
         """:meth:`_resume` for the members of a relay's entry for ``step`` that took their

@@ -344,7 +344,7 @@ class Delivery:
 
     def acks(
         self,
-        feedback: Callable[[int], tuple[int, int, str, int]] | None = None,
+        feedback: Callable[[int], tuple[int, int, str, int, list[tuple[int, int]]]] | None = None,
         everything: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """(identity, ack message) for every producer whose acknowledgement is due (all of
@@ -377,8 +377,8 @@ class Delivery:
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)
             if identity is not None:
-                late, conflict, run, names = (
-                    feedback(pid) if feedback is not None else (0, 0, "", 0)
+                late, conflict, run, names, members = (
+                    feedback(pid) if feedback is not None else (0, 0, "", 0, [])
                 )
                 rejected = self.rejected.get(pid, 0)
                 ack = protocol.encode_ack(
@@ -393,6 +393,7 @@ class Delivery:
                     go=wake.get(pid) is False,
                     asks=True,
                     names=names,
+                    members=members,
                 )
                 out.append((identity, ack))
         return out

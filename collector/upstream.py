@@ -54,6 +54,9 @@ class UpstreamSink(Sink):
         self._acked = 0
         self._tables: dict[int, TableDecl] = {}
         self._members: dict[int, Member] = {}
+        self.member_late: dict[int, int] = {}
+        """Per producer behind this relay, its entries the collector above left out as late
+        (cumulative, from its acks): the relay's acks tell each producer."""
 
     def open(self) -> None:
         pass  # the socket is made on the sink's own thread, at the first write
@@ -91,6 +94,7 @@ class UpstreamSink(Sink):
             except SchemaError:
                 continue
             if isinstance(msg, protocol.Ack):
+                self.member_late.update(msg.members)
                 self._answered = True
                 self._acked = max(self._acked, msg.seq)
                 return

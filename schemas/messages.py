@@ -256,6 +256,9 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     go: bool = False
     """Go on sending what was not sent yet: the collector has room again and kept
     everything this producer sent while held (applied now, or still on its way)."""
+    members: tuple[tuple[int, int], ...] = ()
+    """To a relay: ``(member, late)`` for each producer behind it some of whose entries this
+    collector left out as late (cumulative), so the relay tells each producer."""
     names: U63 = 0
     """Cumulatively, values of the producer's entries left out because their name was one too
     many for its run (``max_names_per_run``) or is one the collector computes itself."""
