@@ -11,6 +11,8 @@ import re
 import subprocess
 import time
 
+import pytest
+
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
 from tests.integration.test_reliability import free_port
@@ -18,9 +20,12 @@ from tests.integration.test_reliability import free_port
 STEPS = 400
 
 
-def test_a_rank_far_ahead_closes_without_losing_its_data(tmp_path) -> None:
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "state_dir"])
+def test_a_rank_far_ahead_closes_without_losing_its_data(tmp_path, durable: bool) -> None:
     out = tmp_path / "out.jsonl"
     config = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(out)}}}
+    if durable:  # acknowledged only once in the write-ahead log: a durable handover
+        config["state_dir"] = str(tmp_path / "state")
     bind = f"tcp://127.0.0.1:{free_port()}"
     log = tmp_path / "collector.log"
     collector = start_collector(config, bind=bind, stderr=log.open("w"), stdout=subprocess.DEVNULL)
