@@ -349,12 +349,14 @@ class Aggregator:
         if after is not None and self.membership.holds_slot(prod):
             self._run(prod.run).skip(prod.slot, after, first)
 
-    def admits(self, msg: protocol.Message) -> bool:
+    def admits(self, msg: protocol.Message, closing: bool = False) -> bool:
         """Whether ``msg`` may be applied now. A producer's data that would open a step
         while its run already holds ``max_open_steps`` open steps waits (the daemon leaves it
         unacknowledged, and asks for it again once steps were emitted): a producer merely
         ahead of the others (it has finished the oldest open step) is held back instead of
-        forcing the oldest steps out partial."""
+        forcing the oldest steps out partial. A ``closing`` producer (its goodbye has come,
+        behind the data held back) is admitted up to the hard bound (``HARD_OPEN_FACTOR``
+        times the window), so its ``close()`` need not wait for the others to catch up."""
         if type(msg) is not protocol.Metrics:
             return True
         prod = self.membership.producers.get(msg.producer)
@@ -362,7 +364,10 @@ class Aggregator:
         if run is None or len(run.steps) < self.config.max_open_steps:
             return True
         steps, last = run.steps, run.last_emitted
-        if all(e[0] in steps or e[0] <= last for e in msg.entries):
+        opens = {e[0] for e in msg.entries if e[0] not in steps and e[0] > last}
+        if not opens:
+            return True
+        if closing and len(steps) + len(opens) <= self.config.max_open_steps * HARD_OPEN_FACTOR:
             return True
         # It opens a step. Hold it only if this producer is ahead: it has finished the oldest
         # open step. One that still owes it is what the window waits for: always admitted.
@@ -379,7 +384,7 @@ class Aggregator:
             return True
         return prod.watermark < min(run.steps)  # type: ignore[union-attr]
 
-    def feedback(self, pid: int) -> tuple[int, int, str]:
+    def feedback(self, pid: int) -> tuple[int, int, str, int, list[tuple[int, int]]]:
         """What an acknowledgement tells producer ``pid`` (``Membership.feedback``)."""
         return self.membership.feedback(pid)
 
@@ -449,6 +454,8 @@ class Aggregator:
                 self._late(run, f"{prod.role}/{prod.rank} (restarted)", step)
             return
         run.add(state, table, values, role_bit, prod.pid, t, nonfinite, sketches)
+        if run.names_full:  # names left out of this run: tell the producer how many of its
+            prod.names_dropped += run.layout(table).dropped
         spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
         if spans:
             state.spans += spans
@@ -551,6 +558,7 @@ class Aggregator:
                 self._resume_members(pids, step)
             state = self._open_or_late(run, step, now, position, f"relay {relay.pid:x}")
             if state is None:
+                self._late_members(relay, pids)
                 continue
             row_roles = np.array([members.bits_of(o) for o in owners], dtype=np.int64)
             run.add_merged(
@@ -571,6 +579,16 @@ class Aggregator:
                     # other way, one it never ran would go out complete without its data.
                     self._resume(member, watermark + 1, ran=False)
                 self._advance(member, watermark, now)
+
+    def _late_members(self, relay: ProducerInfo, pids: list[int]) -> None:
+        """A relay's entry came late: each member merged in it lost an entry, told back to
+        the relay (``Membership.relay_late``) so it tells the producer."""
+        told = self.membership.relay_late.setdefault(relay.pid, {})
+        for pid in pids:
+            member = self.membership.producers.get(pid)
+            if member is not None and member.via == relay.pid:
+                member.late += 1
+                told[pid] = member.late
 
     def _resume_members(self, pids: list[int], step: int) -> None:
         """:meth:`_resume` for the members of a relay's entry for ``step`` that took their

@@ -151,6 +151,9 @@ class Collector:
             catalog=CATALOG,
             wall_clock=self._wall_clock,
         )
+        upstream = sinks.get(UpstreamSink.name)
+        if isinstance(upstream, UpstreamSink):  # the verdicts from above reach our producers
+            self.aggregator.membership.upstream_late = upstream.member_late
         self.delivery = Delivery(self.health, clock=clock)
         self.limits = protocol.Limits(
             max_bytes=config.max_message_bytes,

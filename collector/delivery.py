@@ -1,10 +1,12 @@
 """Exactly-once application of each producer's data messages, and the acknowledgements.
 
 Producers number their data messages (``metrics``, ``done``, ``bye``) 1, 2, 3... and resend
-whatever is unacknowledged. The collector applies message ``n`` of a producer only right after
+what the collector asks for. The collector applies message ``n`` of a producer only right after
 ``n - 1``: a repeat (``<= n - 1``) is a duplicate, re-acknowledged and dropped; a gap (a
-message lost in a broken connection before later ones arrived) is dropped unacknowledged, and
-the producer's resend fills it in order. A producer's ``hello`` says where its numbering
+message lost before later ones arrived) is dropped unacknowledged, and the producer is asked
+to resend from the gap (``resend``), as it is when a heartbeat says it sent more than was
+applied (a heartbeat's ``seq`` is one past the highest number its producer sent). Every
+acknowledgement says the collector asks (``asks``), so producers never resend on a timer. A producer's ``hello`` says where its numbering
 starts (its oldest unacknowledged message), so a collector without saved state picks up any
 producer mid-stream. Messages from a producer not registered yet are held, bounded, until its
 hello arrives. Every hello is acknowledged (with the producer's last applied number), so a
@@ -23,7 +25,11 @@ are applied in order and it is told to go on: ``go``, sending what it has not se
 ``resend``, everything unacknowledged, when the bound made us drop some of what it sent.
 Dropped instead, each release would have had the producer send its whole backlog again for
 one window's room: 2,000 ``log()`` calls became about 13,000 messages when a run's first steps
-waited ``settle_s`` for its other roles.
+waited ``settle_s`` for its other roles. A held-back producer whose goodbye is parked is
+closing: its parked messages are released without waiting for room, admitted up to the run's
+hard bound (``admit(msg, closing=True)``), so they are applied, made durable and acknowledged
+while its ``close()`` still waits (a rank that finished far ahead lost everything it had not
+had acknowledged when its close gave up).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
@@ -52,6 +59,9 @@ Well below the producers' ``resend_s``."""
 URGENT = (protocol.Bye, protocol.Delta, protocol.Rejected)
 """Data messages acknowledged at once: a goodbye (``close()`` waits), a relay's delta (the
 relay sends the next only then), a rejection (the producer counts it)."""
+ASK_AGAIN_S = 5.0
+"""A producer asked to resend from a number is not asked again for the same number sooner
+(what it resent is on its way behind the messages and heartbeats that showed the gap)."""
 MAX_HELD_BYTES = 64 * 1024 * 1024
 """Bytes kept for producers whose hello has not arrived yet and parked for held-back ones:
 the bound that matters when their messages are large (60 messages of 8 MiB would be half a
@@ -59,6 +69,13 @@ gigabyte)."""
 SEQUENCED = (*protocol.RELIABLE, protocol.Rejected)
 """What takes a number in a producer's sequence: data messages, and the rejected ones."""
 Incoming = protocol.Message | protocol.Rejected
+
+
+class Admit(Protocol):
+    """Whether a data message may be applied now (``Aggregator.admits``); ``closing``: its
+    producer has said goodbye, so only the run's hard bound holds it back."""
+
+    def __call__(self, msg: protocol.Message, closing: bool = False) -> bool: ...
 
 
 class Delivery:
@@ -71,8 +88,16 @@ class Delivery:
         max_held_bytes: int = MAX_HELD_BYTES,
         clock: Callable[[], float] = time.monotonic,
         ack_delay_s: float = ACK_DELAY_S,
+        ask_again_s: float = ASK_AGAIN_S,
     ) -> None:
         self.health = health or Health()
+        self.ask_again_s = ask_again_s
+        self._asked: dict[int, tuple[int, float]] = {}
+        """Per producer asked to resend: after which number, and when."""
+        self._asking: set[int] = set()
+        """Producers to ask for a resend at the next :meth:`acks`, unless filled by then."""
+        self._received: dict[int, int] = {}
+        """Per producer, the highest number that reached us (applied, parked or dropped)."""
         self.clock = clock
         self.ack_delay_s = ack_delay_s
         self.max_held = max_held
@@ -86,6 +111,8 @@ class Delivery:
         """Producers released since the last acknowledgements, to be told to go on: to
         resend (True: some of what they sent while held was dropped) or to send what they
         have not sent yet (False)."""
+        self._closing: set[int] = set()
+        """Held-back producers whose goodbye is parked: released without waiting for room."""
         self._overflowed: set[int] = set()
         """Held-back producers some of whose messages did not fit where they are parked."""
         self._parked: dict[int, dict[int, tuple[Incoming, bytes]]] = {}
@@ -110,7 +137,7 @@ class Delivery:
         msg: Incoming,
         identity: bytes,
         raw: bytes = b"",
-        admit: Callable[[protocol.Message], bool] | None = None,
+        admit: Admit | None = None,
     ) -> list[tuple[protocol.Message, bytes]]:
         """The messages to apply now, each with its raw bytes (for the write-ahead log).
         ``admit`` (``Aggregator.admits``) may hold a data message back: it is then neither
@@ -137,9 +164,25 @@ class Delivery:
         self.identity[pid] = identity
         if isinstance(msg, SEQUENCED):
             return self._sequenced(msg, raw, admit)
-        if type(msg) is protocol.Heartbeat and msg.flush:
-            self._owe_now(pid)
+        if type(msg) is protocol.Heartbeat:
+            if msg.flush:
+                self._owe_now(pid)
+            # It sent more than ever reached us: lost on the way. Asked for an ack (its
+            # acknowledgements stall), more than we applied: what we dropped, or our ask, lost.
+            have = self.last_seq[pid] if msg.flush else self._received.get(pid, 0)
+            if msg.seq - 1 > max(have, self.last_seq[pid]) and pid not in self._held_back:
+                self._ask_resend(pid)
         return [(msg, raw)]
+
+    def _ask_resend(self, pid: int) -> None:
+        """Ask producer ``pid`` for everything after its last applied message, unless it was
+        asked for the same within ``ask_again_s``."""
+        last, now = self.last_seq[pid], self.clock()
+        asked = self._asked.get(pid)
+        if asked is not None and asked[0] == last and now - asked[1] < self.ask_again_s:
+            return
+        self._asked[pid] = (last, now)
+        self._asking.add(pid)
 
     def _owe_now(self, pid: int) -> None:
         """Producer ``pid`` is owed an acknowledgement at once."""
@@ -195,6 +238,12 @@ class Delivery:
         parked = self._parked.setdefault(msg.producer, {})
         if msg.seq in parked:
             return
+        if type(msg) is protocol.Bye:  # kept past the bound: it says the producer is closing
+            self._closing.add(msg.producer)
+            parked[msg.seq] = (msg, raw)
+            self._held_count += 1
+            self._held_bytes += len(raw)
+            return
         if not self._room(len(raw)):
             self.health.out_of_order += 1
             self._overflowed.add(msg.producer)
@@ -208,6 +257,7 @@ class Delivery:
         was (or was dropped)."""
         dropped = pid in self._overflowed
         self._overflowed.discard(pid)
+        self._closing.discard(pid)
         for _, raw in self._parked.pop(pid, {}).values():
             self._held_count -= 1
             self._held_bytes -= len(raw)
@@ -218,10 +268,12 @@ class Delivery:
         self,
         msg: Incoming,
         raw: bytes,
-        admit: Callable[[protocol.Message], bool] | None = None,
+        admit: Admit | None = None,
     ) -> list[tuple[protocol.Message, bytes]]:
         pid = msg.producer
         last = self.last_seq[pid]
+        if msg.seq > self._received.get(pid, 0):
+            self._received[pid] = msg.seq
         if msg.seq <= last:
             self.health.duplicates += 1
             self._owe_now(pid)  # a resend: it waits for this
@@ -231,6 +283,7 @@ class Delivery:
                 self._park(msg, raw)
             else:
                 self.health.out_of_order += 1
+                self._ask_resend(pid)
             return []
         if admit is not None and type(msg) is not protocol.Rejected and not admit(msg):
             if pid not in self._held_back:
@@ -276,18 +329,20 @@ class Delivery:
             self.last_seq[msg.producer] = msg.seq - 1
 
     def release(
-        self, has_room: Callable[[int], bool], admit: Callable[[protocol.Message], bool]
+        self, has_room: Callable[[int], bool], admit: Admit
     ) -> Iterator[tuple[protocol.Message, bytes]]:
         """The parked messages to apply now, in order: those of held-back producers whose
-        run has room again (``Aggregator.has_room``), up to the first ``admit`` refuses.
-        Apply each before taking the next (``admit`` must see it). A producer whose parked
-        messages all went in is told to go on by its next acknowledgement; one refused
-        again stays held back, its rest parked."""
-        for pid in [p for p in self._held_back if has_room(p)]:
+        run has room again (``Aggregator.has_room``), or that are closing, up to the first
+        ``admit`` refuses. Apply each before taking the next (``admit`` must see it). A
+        producer whose parked messages all went in is told to go on by its next
+        acknowledgement; one refused again stays held back, its rest parked."""
+        for pid in [p for p in self._held_back if p in self._closing or has_room(p)]:
             parked = self._parked.get(pid, {})
+            closing = pid in self._closing
             while (item := parked.get(self.last_seq[pid] + 1)) is not None:
                 msg, raw = item
-                if type(msg) is not protocol.Rejected and not admit(msg):
+                admitted = admit(msg, closing=True) if closing else admit(msg)
+                if type(msg) is not protocol.Rejected and not admitted:
                     break
                 del parked[msg.seq]
                 self._held_count -= 1
@@ -296,10 +351,12 @@ class Delivery:
             else:  # all in, or a gap (dropped past the bound): the producer resends the rest
                 self._held_back.discard(pid)
                 self._wake[pid] = self._unpark(pid)
+                if self._wake[pid]:  # asked to resend: not again for the same soon
+                    self._asked[pid] = (self.last_seq[pid], self.clock())
 
     def acks(
         self,
-        feedback: Callable[[int], tuple[int, int, str]] | None = None,
+        feedback: Callable[[int], tuple[int, int, str, int, list[tuple[int, int]]]] | None = None,
         everything: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """(identity, ack message) for every producer whose acknowledgement is due (all of
@@ -309,6 +366,10 @@ class Delivery:
         (``Aggregator.feedback``). Producers released since the last call (:meth:`release`)
         are told to go on; those newly held back, to hold."""
         wake, self._wake = self._wake, {}
+        for pid in self._asking:  # a gap not filled meanwhile (by what was on its way)
+            if self._asked[pid][0] == self.last_seq.get(pid):
+                wake.setdefault(pid, True)
+        self._asking.clear()
         hold, self._tell_hold = self._tell_hold - wake.keys(), set()
         due, later = list(self._ack_now), self._ack_later
         self._ack_now.clear()
@@ -328,16 +389,23 @@ class Delivery:
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)
             if identity is not None:
-                extra = feedback(pid) if feedback is not None else (0, 0, "")
+                late, conflict, run, names, members = (
+                    feedback(pid) if feedback is not None else (0, 0, "", 0, [])
+                )
                 rejected = self.rejected.get(pid, 0)
                 ack = protocol.encode_ack(
                     pid,
                     self.last_seq[pid],
-                    *extra,
+                    late,
+                    conflict,
+                    run,
                     rejected,
                     resend=wake.get(pid) is True,
                     hold=pid in hold,
                     go=wake.get(pid) is False,
+                    asks=True,
+                    names=names,
+                    members=members,
                 )
                 out.append((identity, ack))
         return out

@@ -68,6 +68,10 @@ class ProducerInfo:
     """Its entries left out because their step had been emitted (told back in acks)."""
     conflict: int = 0
     """Its entries refused because another process holds its slot (told back in acks)."""
+    names_dropped: int = 0
+    """Values of its entries left out: names beyond its run's ``max_names_per_run``, or
+    computed by the collector (told back in acks; not saved: counted again after a
+    restart from what is replayed)."""
     replaced: int | None = None
     """The producer whose slot it took when it registered (withdrawn by the aggregator)."""
     resumes_after: int | None = None
@@ -175,6 +179,12 @@ class Membership:
         self.producers: dict[int, ProducerInfo] = {}
         self.relays: dict[int, ProducerInfo] = {}
         """Relays below this collector, by their producer id."""
+        self.relay_late: dict[int, dict[int, int]] = {}
+        """Per relay below, its members' entries left out here as late (cumulative), told to
+        the relay in its acks so it tells each producer."""
+        self.upstream_late: Mapping[int, int] = {}
+        """A relay's: per producer, its entries the collector above left out as late, as the
+        acks from above say (written by the upstream sink's thread)."""
         self.endpoints: dict[int, ProducerInfo] = {}
         """Producers that only register a metrics endpoint (``logs`` false), by id."""
         self._scraped: dict[int, ProducerInfo] = {}
@@ -393,14 +403,18 @@ class Membership:
         prod.last_seen = now
         return prod
 
-    def feedback(self, pid: int) -> tuple[int, int, str]:
+    def feedback(self, pid: int) -> tuple[int, int, str, int, list[tuple[int, int]]]:
         """What an acknowledgement tells producer ``pid`` beyond the sequence number: its
-        entries left out as late and as conflicts, and the run it is recorded under when that
-        is not the name it gave ("" otherwise)."""
+        entries left out as late (here, and by the collector above a relay) and as
+        conflicts, the run it is recorded under when that is not the name it gave (""
+        otherwise), its values of names left out; to a relay, its members' late entries."""
         prod = self.producers.get(pid)
         if prod is None:
-            return 0, 0, ""
-        return prod.late, prod.conflict, prod.run if prod.asked_run else ""
+            late = self.relay_late.get(pid)
+            return 0, 0, "", 0, list(late.items()) if late else []
+        late = prod.late + self.upstream_late.get(pid, 0)
+        run = prod.run if prod.asked_run else ""
+        return late, prod.conflict, run, prod.names_dropped, []
 
     def note_stats(self, prod: ProducerInfo, stats: Mapping[str, int]) -> None:
         prod.stats = stats

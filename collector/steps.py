@@ -120,6 +120,8 @@ class _Layout:
     """Names in the table (rows in each entry's values)."""
     last_all: np.ndarray
     """``LAST`` metrics among all the table's rows (``last`` is over the kept ones)."""
+    dropped: int = 0
+    """Names of the table left out (beyond ``max_names_per_run``, or derived)."""
 
 
 class _ReadPlan(NamedTuple):
@@ -162,6 +164,8 @@ class RunSteps:
         self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
         self.steps: dict[int, StepState] = {}
         self.last_emitted = -1
+        self.names_full = False
+        """Some name table of this run had names left out (:attr:`_Layout.dropped`)."""
         self.skipped: dict[Slot, tuple[int, int]] = {}
         """Per slot, the steps strictly between two bounds that neither its replaced process
         nor its new one ran (:meth:`skip`): a step opened later among them (or rebuilt from
@@ -225,9 +229,17 @@ class RunSteps:
             [j is not None and self.resolved[j].reduction is Reduction.LAST for j in rows],
             dtype=bool,
         )
+        dropped = int(table.size - keep.sum())
         layout = _Layout(
-            where, None if keep.all() else keep, last, bool(last.any()), table.size, last_all
+            where,
+            None if dropped == 0 else keep,
+            last,
+            bool(last.any()),
+            table.size,
+            last_all,
+            dropped,
         )
+        self.names_full |= dropped > 0
         if len(self.layouts) < MAX_LAYOUTS:
             self.layouts[table] = layout
         return layout

@@ -63,6 +63,9 @@ class UpstreamSink(Sink):
         self._acked = 0
         self._tables: dict[int, TableDecl] = {}
         self._members: dict[int, Member] = {}
+        self.member_late: dict[int, int] = {}
+        """Per producer behind this relay, its entries the collector above left out as late
+        (cumulative, from its acks): the relay's acks tell each producer."""
         self._state: dict[str, int] = {}
         self._state_lock = threading.Lock()
         self._told: dict[str, int] = {}
@@ -129,6 +132,7 @@ class UpstreamSink(Sink):
             except SchemaError:
                 continue
             if isinstance(msg, protocol.Ack):
+                self.member_late.update(msg.members)
                 self._answered = True
                 self._acked = max(self._acked, msg.seq)
                 return

@@ -92,6 +92,10 @@ class Producer:
         Delivery is acknowledged: up to ``config.max_unacked`` messages are kept and resent until
         the collector has them in its write-ahead log, so a collector restart loses nothing.
 
+        ``address`` is ``tcp://HOST:PORT`` or ``ipc://PATH``; anything else raises
+        :class:`~rlpulse.schemas.errors.ConfigError` here, and a producer no collector has
+        answered within a few seconds warns once, naming it.
+
         The rest are injected dependencies, for tests and tools: ``transport`` (default: ZeroMQ
         to ``address``), ``catalog``, ``memory_probe``, ``device`` (GPU pipeline) and ``nvml``.
     """
@@ -180,6 +184,7 @@ class Producer:
             nvml=nvml if nvml is not None else NvmlSampler(role),
             buffers=self._buffers,
             caller=self._caller,
+            address=self.address,
         )
         self._sender.start()
         ref = weakref.ref(self)
@@ -432,12 +437,14 @@ class Producer:
 
     def stats(self) -> dict[str, int]:
         """Counters: calls queued (``logged``), messages sent and resent, messages awaiting
-        acknowledgement, calls dropped (caller queue full, unacked buffer full, or still
-        unacknowledged at close; delivered but left out by the collector, which says so in
-        its acknowledgements: ``dropped_late`` for steps it had already emitted,
+        acknowledgement, calls dropped (caller queue full, unacked buffer full, or never sent
+        when close() gave up: ``dropped_send``; those sent but not acknowledged by then, which
+        the collector may hold, are ``unconfirmed``, not dropped; delivered but left out by
+        the collector, which says so in its acknowledgements: ``dropped_late`` for steps it had already emitted,
         ``dropped_conflict`` while another process held this rank, ``dropped_rejected`` in
-        messages it rejected), calls larger than a message (``dropped_oversized``), invalid
-        values and names, non-finite samples left out, errors."""
+        messages it rejected, ``dropped_names`` values of names beyond its run's bound),
+        calls larger than a message (``dropped_oversized``), invalid values and names,
+        non-finite samples left out, errors."""
         return combine(self._counters, self._sender.counters, unacked=self._sender.unacked)
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -3,11 +3,17 @@ registration handshake.
 
 Delivery is at least once, made exactly once by the collector's deduplication: every data
 message (``metrics``, ``done``, ``bye``) gets the next sequence number and stays in a bounded
-*unacked* buffer until the collector acknowledges it (cumulatively, once it is in its
-write-ahead log). Everything unacknowledged is resent, in order, after a reconnection or when
-acknowledgements stall for ``resend_s``. When the buffer is full, new messages are refused
-and the sender counts them (``dropped_buffer_full``), never silently; the bye alone is
-kept past the bound.
+*unacknowledged* buffer until the collector acknowledges it (cumulatively, once it is in its
+write-ahead log). What goes out again is what the collector lacks: after a reconnection,
+what its first acknowledgement does not cover; and what it asks for (``resend``: a gap it
+saw in our messages or heartbeats, or messages it could not park while holding us back).
+A collector that says it asks (``Ack.asks``) is never resent to on a timer: when its
+acknowledgements stall it is only asked for one (a heartbeat), after ``resend_s``, then
+twice as long each time (up to ``MAX_BACKOFF`` times); while it is silent (frozen, busy,
+restarting) nothing is sent twice. Only a collector that predates asking gets everything
+again at those times. When the buffer is full, new messages are refused and the
+sender counts them (``dropped_buffer_full``), never silently; the bye alone is kept past the
+bound.
 
 Registration: on each connection the hello goes out before any data, and is repeated every
 ``HELLO_RETRY_S`` until the collector answers (any ``ack``): right after a TCP connection is
@@ -33,18 +39,24 @@ HOLD_LIMIT = 10
 sends again anyway."""
 HELLO_RETRY_S = 0.2
 """Until the collector acknowledges our hello, it is sent again this often."""
+MAX_BACKOFF = 16
+"""A collector that does not ask for resends gets everything again after ``resend_s`` of
+stalled acknowledgements, then after twice that, and so on up to this many times
+``resend_s``: a frozen collector is not flooded with the whole buffer every ``resend_s``."""
 
 
 class Outgoing:
-    """One data message: its number, bytes, and how many ``log()`` calls it carries."""
+    """One data message: its number, bytes, how many ``log()`` calls it carries, and whether
+    it went out at least once (then the collector may hold it, acknowledged or not)."""
 
-    __slots__ = ("entries", "payload", "seq", "size")
+    __slots__ = ("entries", "payload", "seq", "size", "went_out")
 
     def __init__(self, seq: int, payload: bytes, entries: int) -> None:
         self.seq = seq
         self.payload = payload
         self.entries = entries
         self.size = len(payload)
+        self.went_out = False
 
 
 class Outbox:
@@ -61,6 +73,12 @@ class Outbox:
         self._unacked_bytes = 0
         self._unsent: deque[Outgoing] = deque()
         self._progress_at = 0.0
+        self._backoff = 1
+        """The stall that triggers the next timed resend, in ``resend_s``."""
+        self.asking = False
+        """The collector asks for what it misses (``Ack.asks``): no timed resends."""
+        self.sent_seq = 0
+        """The highest number that went out (heartbeats tell it: the collector sees gaps)."""
         self._held_at: float | None = None
         """When the collector told us to hold (None: sending freely)."""
         self._flush_waiters: list[tuple[int, threading.Event]] = []
@@ -91,9 +109,17 @@ class Outbox:
         tells a collector without saved state that everything below is acknowledged."""
         return self._unacked[0].seq if self._unacked else self.next_seq
 
-    def lost_entries(self) -> int:
-        """``log()`` calls in messages still unacknowledged (what a close now would lose)."""
-        return sum(item.entries for item in self._unacked)
+    def lost_entries(self) -> tuple[int, int]:
+        """What a close now would leave behind, in ``log()`` calls: those in messages that
+        never went out (lost for certain), and those in messages sent but not acknowledged
+        (the collector may well have merged them: its acknowledgement is what is missing)."""
+        unsent = unconfirmed = 0
+        for item in self._unacked:
+            if item.went_out:
+                unconfirmed += item.entries
+            else:
+                unsent += item.entries
+        return unsent, unconfirmed
 
     # ------------------------------------------------------------------ sending
 
@@ -104,7 +130,8 @@ class Outbox:
             if now is not None and now - self._held_at < HOLD_LIMIT * self.resend_s:
                 return None
             self._held_at = None
-            self._unsent = deque(self._unacked)  # what we sent after the held one was dropped
+            if not self.asking:  # an older collector dropped what we sent after the held one
+                self._unsent = deque(self._unacked)
         return self._unsent[0] if self._unsent else None
 
     def hold(self, now: float) -> None:
@@ -114,7 +141,10 @@ class Outbox:
 
     def sent(self) -> None:
         """The message :meth:`next_unsent` returned went out."""
-        self._unsent.popleft()
+        item = self._unsent.popleft()
+        item.went_out = True
+        if item.seq > self.sent_seq:
+            self.sent_seq = item.seq
 
     def resend_all(self, now: float) -> int:
         """Send everything unacknowledged again, in order; return how many are repeats."""
@@ -132,11 +162,18 @@ class Outbox:
         self._progress_at = now
 
     def stalled(self, now: float) -> bool:
-        """Everything went out, yet nothing was acknowledged for ``resend_s`` (and the
-        collector is not holding us back)."""
-        if self._held_at is not None:
+        """Everything went out and the collector is not holding us back, yet nothing was
+        acknowledged for the current backoff (``resend_s`` times 1, 2, 4...
+        :data:`MAX_BACKOFF`), which this doubles. Then a collector that asks (:attr:`asking`)
+        is asked for an acknowledgement (a heartbeat, not the data again: it says what it
+        lacks); one that does not is sent everything again."""
+        if self._held_at is not None or self._unsent or not self._unacked:
             return False
-        return bool(self._unacked) and not self._unsent and now - self._progress_at > self.resend_s
+        if now - self._progress_at <= self.resend_s * self._backoff:
+            return False
+        self._backoff = min(2 * self._backoff, MAX_BACKOFF)
+        self._progress_at = now  # the next stall is measured from here
+        return True
 
     # ------------------------------------------------------------------ acknowledgements
 
@@ -145,6 +182,7 @@ class Outbox:
         if seq > self.acked:
             self.acked = seq
             self._progress_at = now
+            self._backoff = 1
         unacked = self._unacked
         while unacked and unacked[0].seq <= seq:
             self._unacked_bytes -= unacked.popleft().size

@@ -181,6 +181,10 @@ ASK_ACK_S = 0.05
 once (it otherwise may wait ``collector.delivery.ACK_DELAY_S``)."""
 YIELD_S = 0.002
 """Longest the sender waits for ``log()`` calls to end in one cycle (:class:`CallerFirst`)."""
+SILENT_WARN_S = 5.0
+"""A producer no collector has answered (any ack, a hello's included) this long after it
+started warns once, naming its address: a wrong address is otherwise silent until
+``close()`` drops what was logged."""
 COALESCE_S = 0.0005
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
 CYCLE_S = 0.005
@@ -209,6 +213,7 @@ class Sender(threading.Thread):
         nvml: NvmlSampler | None = None,
         buffers: Buffers | None = None,
         caller: CallerFirst | None = None,
+        address: str = "",
     ) -> None:
         ident = registration.identity
         super().__init__(name=f"rlpulse-sender-{ident.role}-{ident.rank}", daemon=True)
@@ -228,6 +233,10 @@ class Sender(threading.Thread):
         self.caller = caller or CallerFirst()
         self._yield_until = 0.0
         """Until when this cycle waits for ``log()`` calls (:class:`CallerFirst`)."""
+        self.address = address
+        """Where the transport connects (named in warnings)."""
+        self._silent_since: float | None = time.monotonic()
+        """When this producer started, until a collector first answers (then None)."""
         self._stopping = threading.Event()
         self._close_timeout_s = config.close_timeout_s
         self.outbox = Outbox(
@@ -248,7 +257,15 @@ class Sender(threading.Thread):
         self._next_ask = 0.0
         self.recorded_run = ""
         """The run the collector records us under, when it says it is not ours (an attempt)."""
-        self._told = {"dropped_late": 0, "dropped_conflict": 0, "dropped_rejected": 0}
+        self._held = False
+        """The collector holds us back (flow control) and has not let us go on since."""
+        self._resync = False
+        """Reconnected with messages sent before: nothing goes out until the collector's first
+        answer says what it has (:meth:`_resend` from there)."""
+        self._resent: int | None = None
+        self._resent_at = 0.0
+        """The last resend: after which number, and when."""
+        self._told = dict.fromkeys(protocol.COLLECTOR_DROP_KEYS, 0)
         """The collector's cumulative counts of our entries it left out, as last told."""
 
     @property
@@ -283,7 +300,11 @@ class Sender(threading.Thread):
                     self.registration.reset()
                 if self._connected and not was:
                     self._say_hello()
-                    self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
+                    # Sent before, unacknowledged: resent once the collector's first answer
+                    # says what it has (not all of it blindly: it may hold most).
+                    box = self.outbox
+                    self._resync = box.sent_seq > box.acked
+                    self._resent = None
             if not (waiting and events):
                 return  # no wait asked, or the wait ran out with nothing
 
@@ -317,7 +338,7 @@ class Sender(threading.Thread):
         """Send unsent messages in order until the transport refuses one. Nothing goes out
         before the hello has on this connection."""
         box = self.outbox
-        while self._connected and self.registration.data_may_follow:
+        while self._connected and self.registration.data_may_follow and not self._resync:
             item = box.next_unsent(time.monotonic())
             if item is None or not self._send(item.payload):
                 return
@@ -333,15 +354,36 @@ class Sender(threading.Thread):
                 continue
             if isinstance(msg, protocol.Ack):
                 self.registration.answered = True  # any ack, a hello's answer included
+                self._silent_since = None
                 self.outbox.ack(msg.seq, time.monotonic())
-                if msg.hold:  # ahead of the other ranks: wait until the collector has room
+                self.outbox.asking |= msg.asks
+                if self._resync:  # a new connection's first answer: it lacks what is after it
+                    self._resync = False
+                    self._resend(msg.seq)
+                if msg.hold and not self._stopping.is_set():
+                    # Ahead of the other ranks: wait until the collector has room. Not at
+                    # close: the goodbye must reach it, and it takes a closing producer's data.
+                    self._held = True
                     self.outbox.hold(time.monotonic())
-                if msg.resend:  # the collector has room again, and dropped some we sent
-                    self.counters.resent_messages += self.outbox.resend_all(time.monotonic())
+                if msg.resend:  # the collector lacks what is after msg.seq: it asks for it
+                    self._held = False
+                    self._resend(msg.seq)
                 elif msg.go:  # the collector has room again, and kept all we sent
+                    self._held = False
                     self.outbox.go_on(time.monotonic())
-                if msg.late or msg.conflict or msg.rejected or msg.run:
+                if msg.late or msg.conflict or msg.rejected or msg.run or msg.names:
                     self._feedback(msg)
+
+    def _resend(self, after: int) -> None:
+        """Send again what is unacknowledged, everything after ``after``, unless all of it
+        has just been resent (within ``resend_s``: the collector asked again, seeing a
+        message or heartbeat we sent before that resend reached it)."""
+        now = time.monotonic()
+        recent = now - self._resent_at < self.config.resend_s
+        if recent and self._resent is not None and after >= self._resent:
+            return
+        self._resent, self._resent_at = after, now
+        self.counters.resent_messages += self.outbox.resend_all(now)
 
     def _feedback(self, ack: protocol.Ack) -> None:
         """Count what the collector says it left out, and the run it records us under."""
@@ -350,6 +392,7 @@ class Sender(threading.Thread):
             ("dropped_late", ack.late),
             ("dropped_conflict", ack.conflict),
             ("dropped_rejected", ack.rejected),
+            ("dropped_names", ack.names),
         ):
             last, self._told[key] = self._told[key], told
             # Less than before: a collector that restarted without its state counts afresh.
@@ -602,14 +645,35 @@ class Sender(threading.Thread):
         self._drain()
         self._sample_gpus_now()
         now = time.monotonic()
-        if self.outbox.stalled(now):
-            self.counters.resent_messages += self.outbox.resend_all(now)
+        if self._silent_since is not None and now - self._silent_since >= SILENT_WARN_S:
+            self._warn_silent(now - self._silent_since)
+        if self.outbox.stalled(now):  # acknowledgements stall: ask for one (or resend, to
+            if self.outbox.asking:  # a collector that does not ask for what it lacks)
+                self._heartbeat(flush=True)
+            else:
+                self.counters.resent_messages += self.outbox.resend_all(now)
         self._pump()
         if self.outbox.awaited or self._stopping.is_set():
             self._ask_for_acks(now)
             self._read_acks()  # what came meanwhile: a flush or close ends the sooner
         # Otherwise acknowledgements wait for the next cycle's first read: one socket call
         # fewer a cycle, and an ack is rarely back within the cycle that sent its message.
+
+    def _warn_silent(self, silent_s: float) -> None:
+        """No collector has answered since start-up: say so once, naming the address."""
+        self._silent_since = None  # once
+        where = (
+            "connected, but no collector answered"
+            if self._ever_connected
+            else "nobody is listening there"
+        )
+        self.warn_once(
+            "silent",
+            f"no collector has answered at {self.address or 'its address'} in {silent_s:.0f} s "
+            f"({where}: a wrong address, or a collector not started?); log() calls are kept "
+            f"until one answers, up to max_unacked={self.config.max_unacked} messages, and "
+            "those still unsent at close() are dropped (counted in stats() as dropped_send)",
+        )
 
     def _ask_for_acks(self, now: float) -> None:
         """A flush or close waits: a heartbeat asking for the acknowledgement now."""
@@ -620,7 +684,10 @@ class Sender(threading.Thread):
 
     def _heartbeat(self, flush: bool = False) -> None:
         self._send(
-            protocol.encode_heartbeat(self.producer_id, self.outbox.next_seq, self.stats(), flush)
+            # seq: past the highest number sent, so the collector sees what it lacks
+            protocol.encode_heartbeat(
+                self.producer_id, self.outbox.sent_seq + 1, self.stats(), flush
+            )
         )
 
     def run(self) -> None:
@@ -644,6 +711,10 @@ class Sender(threading.Thread):
                     self._heartbeat()
                     next_beat = time.monotonic() + heartbeat_s
             deadline = time.monotonic() + self._close_timeout_s
+            # Held back or not, send everything now: the collector parks what it cannot
+            # apply yet, and once the goodbye is among it, applies it all and acknowledges
+            # (``rlpulse.collector.delivery``: a closing producer).
+            self.outbox.go_on(time.monotonic())
             self._drain()
             # Keep a share of the time for the goodbye, even if the GPU never catches up.
             self._wait_for_gpu(deadline - min(0.5, self._close_timeout_s / 4))
@@ -698,13 +769,40 @@ class Sender(threading.Thread):
             self._cycle()
             if self.outbox.unacked:
                 time.sleep(0.005)
-        lost = self.outbox.lost_entries()
-        if lost:
-            self.counters.dropped_send += lost
+        unsent, unconfirmed = self.outbox.lost_entries()
+        self.counters.dropped_send += unsent
+        self.counters.unconfirmed += unconfirmed
+        if unsent or unconfirmed:
+            if self._connected:  # the collector's producer_dropped_total counts it too
+                self._heartbeat()
+            ident = self.registration.identity
             log.warning(
-                "rlpulse producer %s/%s closed with %d unacknowledged log() calls (no collector "
-                "answered in time)",
-                self.registration.identity.role,
-                self.registration.identity.rank,
-                lost,
+                "rlpulse producer %s/%s closed after %.1fs: %s",
+                ident.role,
+                ident.rank,
+                self._close_timeout_s,
+                self._close_verdict(unsent, unconfirmed),
             )
+
+    def _close_verdict(self, unsent: int, unconfirmed: int) -> str:
+        """What a close that gave up left behind, and why, in words."""
+        parts = []
+        if unsent:
+            parts.append(
+                f"{unsent} log() calls never sent, lost (stats() dropped_send): "
+                + ("no collector answered" if not self._ever_connected else "not connected")
+            )
+        if unconfirmed:
+            why = (
+                "the collector holds this producer back (flow control: it is ahead of its "
+                "run's other ranks by the collector's max_open_steps) and keeps them to merge "
+                "as the others catch up"
+                if self._held
+                else "the collector may hold them"
+            )
+            parts.append(
+                f"{unconfirmed} log() calls sent but not acknowledged in time (stats() "
+                f"unconfirmed): {why}; a step that misses them is flagged partial naming "
+                "this rank"
+            )
+        return "; ".join(parts)

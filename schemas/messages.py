@@ -39,13 +39,17 @@ STAT_KEYS = (
     "errors",
     "dropped_oversized",
     "dropped_rejected",
+    "unconfirmed",
+    "dropped_names",
 )
-"""Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``)."""
+"""Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``).
+``unconfirmed`` (not a drop): calls sent but still unacknowledged when ``close()`` gave up,
+which the collector may have merged; ``dropped_send`` counts only calls that never went out."""
 RELAY_STAT_KEYS = ("disk_errors", "state_unwritable")
 """What a relay's heartbeats add to the counters (``rlpulse.collector.upstream``): failed writes
 under its ``state_dir``, and 1 while it cannot write there (0 otherwise). The collector above
 shows them on its /metrics; a producer's heartbeats do not carry them."""
-COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected")
+COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected", "dropped_names")
 """Drops the collector counts itself and reports back in its acknowledgements."""
 DROP_KEYS = (
     "dropped_queue_full",
@@ -55,10 +59,11 @@ DROP_KEYS = (
     *COLLECTOR_DROP_KEYS,
 )
 """The counters of ``log()`` calls a producer dropped: its queue full, its unacknowledged
-buffer full, still unacknowledged when it closed, or alone larger than a message may be; or
+buffer full, never sent before it closed, or alone larger than a message may be; or
 delivered but not merged by the collector, which says so in its acknowledgements: late (their
 step was already emitted), refused because another process holds the producer's (role, rank)
-slot, or in a message the collector rejected as malformed."""
+slot, in a message the collector rejected as malformed, or values of names the collector
+left out (beyond its ``max_names_per_run``, or a name it computes itself)."""
 ROW_BYTES = WIDTH * 8
 """Bytes of one state on the wire."""
 KIND_CODES = frozenset(int(r) for r in Reduction)
@@ -262,6 +267,15 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     go: bool = False
     """Go on sending what was not sent yet: the collector has room again and kept
     everything this producer sent while held (applied now, or still on its way)."""
+    members: tuple[tuple[int, int], ...] = ()
+    """To a relay: ``(member, late)`` for each producer behind it some of whose entries this
+    collector left out as late (cumulative), so the relay tells each producer."""
+    names: U63 = 0
+    """Cumulatively, values of the producer's entries left out because their name was one too
+    many for its run (``max_names_per_run``) or is one the collector computes itself."""
+    asks: bool = False
+    """This collector asks for what it misses (``resend`` when a producer's message or
+    heartbeat shows a gap), so the producer never resends on a timer alone."""
 
 
 class Member(Struct, array_like=True, frozen=True, gc=False):

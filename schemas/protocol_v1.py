@@ -40,6 +40,8 @@ from rlpulse.schemas.values import WIDTH, invalid_rows
 
 VERSION = 1
 HELLO, METRICS, DONE, HEARTBEAT, BYE, ACK = "hello", "metrics", "done", "heartbeat", "bye", "ack"
+MAX_ACK_MEMBERS = 1 << 16
+"""The most ``(member, late)`` pairs an ack to a relay carries."""
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -117,6 +119,9 @@ def encode_ack(
     resend: bool = False,
     hold: bool = False,
     go: bool = False,
+    asks: bool = False,
+    names: int = 0,
+    members: Sequence[tuple[int, int]] = (),
 ) -> bytes:
     """An acknowledgement (:class:`~rlpulse.schemas.messages.Ack`); the feedback keys are sent only
     when set, and a producer that predates them ignores them."""
@@ -135,10 +140,36 @@ def encode_ack(
         extra["h"] = True
     if go:
         extra["g"] = True
+    if asks:
+        extra["a"] = True
+    if names:
+        extra["n"] = names
+    if members:
+        extra["m"] = [[pid, late] for pid, late in members]
     return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq, **extra})
 
 
 # ---------------------------------------------------------------------------- decoding
+
+
+def _members(raw: object) -> tuple[tuple[int, int], ...]:
+    """An ack's ``m``: ``[[member, late], ...]`` (at most ``MAX_ACK_MEMBERS`` pairs)."""
+    ok = type(raw) is list and len(raw) <= MAX_ACK_MEMBERS
+    pairs = []
+    for pair in raw if ok else ():  # type: ignore[union-attr]
+        if not (
+            type(pair) is list
+            and len(pair) == 2
+            and all(type(v) is int and 0 <= v <= U63_MAX for v in pair)
+        ):
+            ok = False
+            break
+        pairs.append((pair[0], pair[1]))
+    if not ok:
+        raise SchemaError(
+            "bad_field", f"an ack's members ('m') must be [[id, late], ...], got {raw!r:.80}"
+        )
+    return tuple(pairs)
 
 
 def _no_ext(code: int, data: bytes) -> None:
@@ -319,7 +350,7 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             raise SchemaError(
                 "bad_field", f"an ack's run ('r') must be a run name, got {run!r:.80}"
             )
-        counts = {k: obj.get(k, 0) for k in ("l", "c", "x")}
+        counts = {k: obj.get(k, 0) for k in ("l", "c", "x", "n")}
         return Ack(
             producer,
             seq,
@@ -330,5 +361,8 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             obj.get("h") is True,
             obj.get("w") is True,
             obj.get("g") is True,
+            _members(obj.get("m", [])),
+            _int(counts, "n", "names dropped"),
+            obj.get("a") is True,
         )
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
+
+from rlpulse.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,32 @@ class TransportError(RuntimeError):
     """A send failed for a reason other than "not now" (counted by the sender)."""
 
 
+ADDRESS_FORM = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:5555), or ipc://PATH"
+"""What a collector address looks like, as error messages show it."""
+_TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})")
+
+
+def check_address(address: object) -> str:
+    """``address`` when ZeroMQ can connect a producer to it; else :class:`ConfigError`
+    naming ``address`` and showing :data:`ADDRESS_FORM` (a raw ``ZMQError`` says neither).
+
+    >>> check_address("tcp://127.0.0.1:5555")
+    'tcp://127.0.0.1:5555'
+    >>> try:
+    ...     check_address("127.0.0.1:5555")
+    ... except ConfigError as exc:
+    ...     print(exc.field, exc.value)
+    address 127.0.0.1:5555
+    """
+    if isinstance(address, str):
+        tcp = _TCP.fullmatch(address)
+        if tcp is not None and 0 < int(tcp.group(2)) < 65536:
+            return address
+        if address.startswith("ipc://") and len(address) > len("ipc://"):
+            return address
+    raise ConfigError("address", f"must be {ADDRESS_FORM}", address)
+
+
 class ZmqTransport:
     """A DEALER socket connected to ``address``. ``ZMQ_IMMEDIATE`` keeps ZeroMQ from queueing
     for a collector that is not connected (the producer's own buffer holds the data), and
@@ -83,7 +112,13 @@ class ZmqTransport:
         self._monitor = self._socket.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
         )
-        self._socket.connect(address)
+        try:
+            self._socket.connect(check_address(address))
+        except (ConfigError, zmq.ZMQError) as exc:
+            self.close()
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError("address", f"{exc}; expected {ADDRESS_FORM}", address) from None
 
     def send(self, payload: bytes) -> bool:
         try:

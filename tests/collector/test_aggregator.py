@@ -326,6 +326,19 @@ def test_a_producer_ahead_of_a_full_window_is_not_admitted() -> None:
     assert h.agg.admits(metrics(2, 5, {LOSS: 2.0}))
 
 
+def test_a_closing_producer_ahead_is_admitted_up_to_the_hard_bound() -> None:
+    """Issue 38, item 11: a producer that said goodbye behind its held data is admitted past
+    the window, never past the hard bound (8 x max_open_steps: the oldest would go partial)."""
+    h = Harness(max_open_steps=2, liveness_s=1000)
+    h.send(hello(1, rank=0, ws=2), metrics(1, 0, {LOSS: 1.0}), metrics(1, 1, {LOSS: 1.0}))
+    assert not h.agg.admits(metrics(1, 2, {LOSS: 2.0}))
+    assert h.agg.admits(metrics(1, 2, {LOSS: 2.0}), closing=True)
+    for step in range(2, 16):
+        h.send(metrics(1, step, {LOSS: 1.0}))
+    assert not h.agg.admits(metrics(1, 16, {LOSS: 2.0}), closing=True)  # 16 open: the bound
+    assert h.records == []
+
+
 def test_name_cardinality_is_bounded() -> None:
     h = Harness(max_names_per_run=5)
     h.send(hello(1), metrics(1, 0, {f"n{i}": 1.0 for i in range(8)}), P.Done(1, 2, 0))
@@ -378,3 +391,12 @@ def test_declared_topology_is_waited_for_by_name() -> None:
     h.send(hello(2, role="critic", rank=0, ws=2), hello(3, role="critic", rank=1, ws=2))
     h.send(P.Done(2, 2, 0), P.Done(3, 2, 0))
     assert h.steps() == [0] and not h.records[0].partial  # no settle wait: the topology is known
+
+
+def test_names_beyond_the_run_bound_are_told_to_their_producer() -> None:
+    """Issue 38, item 5: counted at the collector only; now in the producer's feedback."""
+    h = Harness(max_names_per_run=2, liveness_s=1000)
+    h.send(hello(1, rank=0, ws=1))
+    h.send(metrics(1, 0, {"x/a": 1.0, "x/b": 1.0, "x/c": 1.0, "x/d": 1.0}))
+    h.send(metrics(1, 1, {"x/a": 1.0, "x/b": 1.0, "x/c": 1.0, "x/d": 1.0}))
+    assert h.agg.feedback(1)[3] == 4 and h.agg.health.names_overflow >= 2

@@ -24,7 +24,7 @@ def test_in_order_once_duplicates_reacked_gaps_dropped() -> None:
     assert seqs(d.accept(done(7, 2), b"id")) + seqs(d.accept(done(7, 3), b"id")) == [2, 3]
     assert d.health.duplicates == 1 and d.health.out_of_order == 1
     (ack,) = d.acks()
-    assert ack[0] == b"id" and P.decode(ack[1]) == P.Ack(7, 3)
+    assert ack[0] == b"id" and P.decode(ack[1]) == P.Ack(7, 3, asks=True)
     assert d.acks() == []
 
 
@@ -62,11 +62,13 @@ def test_replay_and_snapshot_restore_the_sequence_state() -> None:
 def test_every_hello_is_acknowledged_so_the_producer_stops_repeating_it() -> None:
     d = Delivery()
     d.accept(P.Hello(5, 4, "r", "a", 0, 1, "h", 1), b"id")
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(5, 3)]  # registered; nothing applied
+    assert [P.decode(a) for _, a in d.acks()] == [
+        P.Ack(5, 3, asks=True)
+    ]  # registered; nothing applied
     d.accept(done(5, 4), b"id")
     d.acks()
     d.accept(P.Hello(5, 5, "r", "a", 0, 1, "h", 1), b"id2")  # a re-registration, new connection
-    assert d.acks() == [(b"id2", P.encode_ack(5, 4))]
+    assert d.acks() == [(b"id2", P.encode_ack(5, 4, asks=True))]
 
 
 def test_entries_of_a_producer_that_never_registered_are_counted_as_unapplied() -> None:
@@ -91,7 +93,7 @@ def test_a_held_back_producer_is_parked_then_released_in_order_without_a_resend(
     assert [seqs(o) for o in out] == [[1], [2], [], [], [], []]
     d.accept(done(4, 4), b"id", b"r4", admit)  # a repeat of a parked one: kept once
     assert d.health.held_back == 1 and d.health.out_of_order == 0
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 2, hold=True)]
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 2, hold=True, asks=True)]
     assert list(d.release(lambda pid: False, admit)) == []  # no room: stays parked
     room["open"] = True
     released = list(d.release(lambda pid: True, admit))
@@ -101,7 +103,7 @@ def test_a_held_back_producer_is_parked_then_released_in_order_without_a_resend(
         b"r5",
         b"r6",
     ]
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 6, go=True)]  # nothing twice
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 6, go=True, asks=True)]  # nothing twice
     assert (
         list(d.release(lambda pid: True, admit)) == [] and d._held_count == 0 and d._held_bytes == 0
     )
@@ -121,7 +123,9 @@ def test_release_stops_where_the_run_is_full_again_and_past_a_gap_the_producer_r
     assert d.acks() == []  # still held: nothing to tell yet
     limit["seq"] = 99
     assert seqs(d.release(lambda pid: True, admit)) == [5]
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 5, resend=True)]  # 6 and 7 again
+    assert [P.decode(a) for _, a in d.acks()] == [
+        P.Ack(4, 5, resend=True, asks=True)
+    ]  # 6 and 7 again
     assert seqs(d.accept(done(4, 6), b"id", b"r", admit)) == [6]
 
 
@@ -141,13 +145,13 @@ def test_data_is_acknowledged_once_its_delay_is_over_oldest_first_and_urgent_at_
     now[0] = 100.3
     d.accept(done(3, 1), b"id3")  # due at 100.8
     d.accept(done(3, 1), b"id3")  # a repeat: at once, and not again at 100.8
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(3, 1)]
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(3, 1, asks=True)]
     now[0] = 100.49
     assert d.acks() == []
     now[0] = 100.5
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(1, 2)]
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(1, 2, asks=True)]
     now[0] = 100.9
-    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(2, 1)]
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(2, 1, asks=True)]
     assert d.acks() == []
     d.accept(done(1, 3), b"id1")  # due at 101.4
     now[0] = 50.0  # the clock went back: a later due never comes before an earlier one
@@ -155,7 +159,7 @@ def test_data_is_acknowledged_once_its_delay_is_over_oldest_first_and_urgent_at_
     now[0] = 101.4
     assert sorted(P.decode(a).producer for _, a in d.acks()) == [1, 2]
     d.accept(done(1, 4), b"id1")
-    assert [P.decode(a) for _, a in d.acks(everything=True)] == [P.Ack(1, 4)]
+    assert [P.decode(a) for _, a in d.acks(everything=True)] == [P.Ack(1, 4, asks=True)]
 
 
 def test_screen_lets_go_what_would_not_be_held_before_it_is_decoded() -> None:
@@ -167,3 +171,25 @@ def test_screen_lets_go_what_would_not_be_held_before_it_is_decoded() -> None:
     assert d.screen(7, 10_000)  # registered: whatever its size
     assert d.screen(8, 1000) and not d.screen(8, 1001)
     assert d.health.unknown_producer == 1
+
+
+def test_a_held_back_producer_that_says_goodbye_is_released_as_closing() -> None:
+    """Issue 38, item 11: a rank far ahead closes while held back. Once its goodbye is parked
+    behind its held data, what is parked is released without waiting for room, each message
+    admitted as ``closing`` (the run's hard bound), so its close is acknowledged."""
+    d = Delivery()
+    asked: list[tuple[int, bool]] = []
+
+    def admit(m: P.Message, closing: bool = False) -> bool:
+        asked.append((m.seq, closing))
+        return closing or m.seq < 3
+
+    d.accept(hello(4), b"id")
+    for seq in range(1, 5):
+        d.accept(done(4, seq), b"id", b"r%d" % seq, admit)
+    assert list(d.release(lambda pid: False, admit)) == []  # no room, not closing: parked
+    d.accept(P.Bye(4, 5, {}), b"id", b"bye", admit)
+    released = list(d.release(lambda pid: False, admit))
+    assert seqs(released) == [3, 4, 5] and (3, True) in asked
+    assert [P.decode(a) for _, a in d.acks()] == [P.Ack(4, 5, go=True, asks=True)]
+    assert d._held_count == 0 and d._held_bytes == 0

@@ -60,7 +60,7 @@ def test_two_live_processes_claiming_one_rank_count_the_newest_only() -> None:
     assert [r.metrics[f"{ADV}/mean"] for r in h.records] == [0.0, 1.0, 2.0]
     assert all(not r.partial and r.ranks == 1 for r in h.records)
     assert h.agg.health.conflict_entries == 3
-    assert h.agg.feedback(1) == (0, 3, "") and h.agg.feedback(2) == (0, 0, "")
+    assert h.agg.feedback(1) == (0, 3, "", 0, []) and h.agg.feedback(2) == (0, 0, "", 0, [])
 
 
 def test_a_run_name_reused_after_the_run_ended_starts_a_new_attempt() -> None:
@@ -72,7 +72,7 @@ def test_a_run_name_reused_after_the_run_ended_starts_a_new_attempt() -> None:
     assert [r.step for r in h.by_run("r")] == [0, 1]
     assert [r.metrics[f"{ADV}/mean"] for r in h.by_run("r-2")] == [5.0, 6.0]
     assert h.agg.health.run_attempts == 1 and h.agg.health.late == 0
-    assert h.agg.feedback(2) == (0, 0, "r-2")
+    assert h.agg.feedback(2) == (0, 0, "r-2", 0, [])
     # A third run under the name is r-3; a second rank of that third run joins r-3.
     h.send(hello(3, rank=0, ws=2), hello(4, rank=1, ws=2))
     assert h.agg.membership.producers[4].run == "r-3"
@@ -85,7 +85,7 @@ def test_a_resumed_run_continues_and_its_late_steps_are_told_back() -> None:
     h.send(hello(2, rank=0, ws=1, resume=True))
     h.send(metrics(2, 1, adv([9.0])), metrics(2, 2, adv([3.0])), P.Bye(2, 2, {}))
     assert [r.step for r in h.records] == [0, 1, 2] and {r.run for r in h.records} == {"r"}
-    assert h.agg.health.late == 1 and h.agg.feedback(2) == (1, 0, "")
+    assert h.agg.health.late == 1 and h.agg.feedback(2) == (1, 0, "", 0, [])
 
 
 def test_a_rank_joining_a_live_run_is_not_a_new_attempt() -> None:
@@ -111,4 +111,4 @@ def test_acks_carry_the_feedback() -> None:
         for m, _ in d.accept(msg, b"b"):
             h.agg.handle(m, 0.0)
     (ack,) = [P.decode(a) for _, a in d.acks(h.agg.feedback)]
-    assert ack == P.Ack(2, 1, 0, 0, "r-2")
+    assert ack == P.Ack(2, 1, 0, 0, "r-2", asks=True)

@@ -47,3 +47,19 @@ def test_a_lost_wake_up_does_not_stop_a_held_producer_for_good() -> None:
     box.hold(0.0)
     assert sent_through(box, HOLD_LIMIT * 2.0 - 0.1) == []
     assert sent_through(box, HOLD_LIMIT * 2.0 + 0.1) == [1, 2]
+
+
+def test_stalled_acknowledgements_back_off() -> None:
+    """Issue 38, item 9: a frozen collector got the whole buffer again every ``resend_s``.
+    Stalls now come after 2, 4, 8... ``resend_s`` (up to ``MAX_BACKOFF``); progress resets."""
+    box = Outbox(max_messages=10, max_bytes=10_000, resend_s=1.0)
+    box.add(lambda seq: b"m%d" % seq, entries=1)
+    box.next_unsent(0.0)
+    box.sent()
+    fired = [t / 10 for t in range(0, 400) if box.stalled(t / 10)]
+    assert fired == [1.1, 3.2, 7.3, 15.4, 31.5]  # 1, 2, 4, 8, 16 s after the one before
+    box.add(lambda seq: b"m%d" % seq, entries=1)
+    box.ack(1, 40.0)
+    box.next_unsent(40.0)
+    box.sent()
+    assert not box.stalled(40.9) and box.stalled(41.1)  # back to resend_s

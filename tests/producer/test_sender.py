@@ -62,9 +62,14 @@ def test_a_new_connection_gets_a_hello_and_everything_unacknowledged_again() -> 
     t.sent.clear()
     t.disconnect()
     t.connect()
-    assert until(lambda: "Metrics" in kinds(t))
+    assert until(lambda: "Hello" in kinds(t))
+    time.sleep(0.2)
+    assert "Metrics" not in kinds(t)  # until the collector says what it has
     again = sent(t)
     assert isinstance(again[0], protocol.Hello) and again[0].seq == 1  # nothing acked yet
+    t.reply(protocol.encode_ack(again[0].producer, 0, asks=True))
+    assert until(lambda: "Metrics" in kinds(t))
+    again = sent(t)
     steps = [e[0] for m in again if isinstance(m, protocol.Metrics) for e in m.entries]
     assert steps == [0, 1, 2] and p.stats()["resent_messages"] >= 1
     p.close(timeout=0.2)
@@ -80,8 +85,30 @@ def test_close_waits_its_timeout_then_counts_what_is_unacknowledged() -> None:
     p.close(timeout=0.4)
     assert 0.3 < time.monotonic() - started < 2.0
     stats = p.stats()
-    assert stats["dropped_send"] == 2 and stats["unacked"] > 0
+    # sent, never acknowledged: the collector may hold them, so they are not counted lost
+    assert stats["unconfirmed"] == 2 and stats["dropped_send"] == 0 and stats["unacked"] > 0
     assert "Bye" in kinds(t) and t.closed
+
+
+def test_dropped_send_counts_only_calls_that_never_went_out() -> None:
+    """Issue 38, item 12: calls the collector had merged were counted as dropped because
+    their acknowledgement had not come back by close(). Only what never left is lost for
+    certain; what left unacknowledged is ``unconfirmed``."""
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    p.log({"x": 1.0}, step=0)
+    p.log({"x": 2.0}, step=1)
+    assert until(lambda: sum(isinstance(m, protocol.Metrics) for m in sent(t)) >= 1)
+    assert until(
+        lambda: sum(len(m.entries) for m in sent(t) if isinstance(m, protocol.Metrics)) == 2
+    )
+    t.accepting = False  # from now on nothing leaves (a connection gone quiet)
+    for step in range(2, 5):
+        p.log({"x": float(step)}, step=step)
+    p.close(timeout=0.3)
+    stats = p.stats()
+    assert stats["dropped_send"] == 3 and stats["unconfirmed"] == 2, stats
 
 
 def test_the_caller_queues_named_items_in_order() -> None:
@@ -148,3 +175,60 @@ def test_queued_calls_wait_while_log_runs_and_go_when_it_ends(monkeypatch) -> No
     assert until(lambda: kinds(t).count("Metrics") == 2, timeout_s=2.0)
     p._caller.leave()
     p.close(timeout=0.2)
+
+
+def test_a_producer_no_collector_answers_warns_once_naming_its_address(monkeypatch, caplog) -> None:
+    """A wrong address used to be silent until close() dropped everything logged."""
+    monkeypatch.setattr("rlpulse.producer.sender.SILENT_WARN_S", 0.3)
+    t = MemoryTransport()
+    p = Producer("tcp://10.9.8.7:5999", run="r", role="a", transport=t, config=QUIET)
+    p.log({"x": 1.0}, step=0)
+    with caplog.at_level("WARNING", logger="rlpulse.producer"):
+        assert until(lambda: "no collector has answered" in caplog.text, 3.0)
+        time.sleep(0.5)
+    warned = [r for r in caplog.records if "no collector has answered" in r.getMessage()]
+    assert len(warned) == 1 and "tcp://10.9.8.7:5999" in warned[0].getMessage()
+    p.close(timeout=0.1)
+
+
+def test_a_producer_answered_in_time_does_not_warn(monkeypatch, caplog) -> None:
+    monkeypatch.setattr("rlpulse.producer.sender.SILENT_WARN_S", 0.3)
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    with caplog.at_level("WARNING", logger="rlpulse.producer"):
+        assert until(lambda: "Hello" in kinds(t))
+        hello = sent(t)[0]
+        t.reply(protocol.encode_ack(hello.producer, 0))
+        time.sleep(0.6)
+    assert "no collector has answered" not in caplog.text
+    p.close(timeout=0.1)
+
+
+def test_a_held_back_producer_sends_everything_at_close_and_says_why_it_gave_up(caplog) -> None:
+    """Issue 38, item 11: held back by flow control, a closing producer still sends what it
+    holds and its goodbye (the collector takes a closing producer's data); if the close
+    still gives up, the warning says the collector held it back (not "no collector
+    answered"), and a last heartbeat tells the collector the final counts."""
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    p.log({"x": 0.0}, step=0)
+    assert until(lambda: any(isinstance(m, protocol.Metrics) for m in sent(t)))
+    pid = sent(t)[0].producer
+    t.reply(protocol.encode_ack(pid, 0, hold=True))
+    time.sleep(0.1)
+    for step in range(1, 4):
+        p.log({"x": float(step)}, step=step)
+    time.sleep(0.2)
+    held = [e[0] for m in sent(t) if isinstance(m, protocol.Metrics) for e in m.entries]
+    assert held == [0]  # held: nothing more goes out
+    with caplog.at_level("WARNING", logger="rlpulse.producer"):
+        p.close(timeout=0.3)
+    steps = [e[0] for m in sent(t) if isinstance(m, protocol.Metrics) for e in m.entries]
+    assert steps == [0, 1, 2, 3] and "Bye" in kinds(t)
+    stats = p.stats()
+    assert stats["unconfirmed"] == 4 and stats["dropped_send"] == 0
+    assert "holds this producer back" in caplog.text
+    last = sent(t)[-1]
+    assert isinstance(last, protocol.Heartbeat) and last.stats["unconfirmed"] == 4

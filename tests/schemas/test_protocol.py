@@ -242,3 +242,13 @@ def test_peek_producer_reads_a_data_messages_producer_off_its_first_bytes() -> N
         b"garbage",
     ):
         assert protocol.peek_producer(other) is None, other
+
+
+def test_an_ack_to_a_relay_carries_its_members_late_counts() -> None:
+    """Issue 38, item 4: ``m`` tells a relay which of its producers lost entries as late."""
+    ack = P.decode(P.encode_ack(9, 4, members=[(11, 3), (12, 1)]))
+    assert ack.members == ((11, 3), (12, 1)) and ack.late == 0
+    assert P.decode(P.encode_ack(9, 4)).members == ()
+    bad = V1._pack({"v": 1, "t": "ack", "p": 9, "q": 4, "m": [[1, -2]]})
+    with pytest.raises(SchemaError):
+        P.decode(bad)
