@@ -111,8 +111,12 @@ def test_a_relay_killed_and_restarted_on_its_state_dir_loses_and_repeats_nothing
     top, out = root(tmp_path)
     binds = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     relays = [relay(tmp_path, f"relay{i}", top.address, binds[i]) for i in range(2)]
-    procs = ranks(binds, "crash", pause=0.03, close_timeout_s=60)
-    time.sleep(2.0)
+    procs = ranks(binds, "crash", pause=0.05, close_timeout_s=60)
+    # Every rank has reached its relay once the root has a step (a step needs all six): on a
+    # loaded machine the rank processes took longer than a fixed 2 s to start, so the kill
+    # came before they had connected, and those closing while the relay was down gave up as
+    # producers that never reached a collector (80 calls lost).
+    wait_for(out, "crash", 2)
     relays[0].proc.kill()  # SIGKILL mid-run: nothing flushed, nothing said
     relays[0].proc.wait()
     time.sleep(1.0)
