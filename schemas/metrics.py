@@ -22,6 +22,7 @@ ratio and clipfrac over every response token, including samples its filters drop
 
 from __future__ import annotations
 
+from rlpulse.schemas import engine  # the rollout engine's own metrics (vLLM)
 from rlpulse.schemas.catalog import Catalog, Entry, Template, family
 from rlpulse.schemas.evaluation import (  # held-out validation, listed here
     VAL_ACCURACY as VAL_ACCURACY,
@@ -380,8 +381,11 @@ ACTOR_REF_KL = Entry(
     "actor/reward_kl_penalty and critic/kl): the adaptive KL controller's input.",
 )
 
-ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))
-HISTOGRAMS = tuple(v for v in list(globals().values()) if isinstance(v, Histogram))
+HISTOGRAMS = (
+    *(v for v in list(globals().values()) if isinstance(v, Histogram)),
+    *engine.HISTOGRAMS,
+)
+ENTRIES = (*(v for v in list(globals().values()) if isinstance(v, Entry)), *engine.ENTRIES)
 """Histograms (``rlpulse.schemas.histogram``): their entries are listed above, their bucket
 templates below, and the collector derives their quantiles."""
 TEMPLATES: tuple[Template, ...] = (
