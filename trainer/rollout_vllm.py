@@ -15,7 +15,6 @@ Measured facts behind each setting: ``shared/VLLM-CPU.md``.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +30,6 @@ from rlpulse.trainer.engine_stats import (
     read_counters,
     step_metrics,
 )
-
-log = logging.getLogger("rlpulse.trainer.vllm")
 
 ENGINE_ENV: dict[str, str] = {
     # The engine in this process (no EngineCore/worker processes): 2-3 s to start instead
@@ -157,12 +154,13 @@ class VLLMEngine:
                     f"GPU, rollout.gpu_memory_utilization ({exc})"
                 ) from exc
             raise
-        if not self.sleeps:
-            log.info(
-                "vLLM sleep mode is not supported on %s: the engine keeps its memory between "
-                "phases (onload/offload skipped)",
-                "CPU" if self.on_cpu else "this platform",
-            )
+        self.sleep_note: str | None = (
+            None
+            if self.sleeps
+            else f"vLLM sleep mode is not supported on {'CPU' if self.on_cpu else 'this platform'}"
+            ": the engine keeps its memory between phases (onload/offload skipped)"
+        )
+        """One line for the user where sleep/wake_up are skipped (None where they run)."""
         self.recorder = StepRecorder()
         manager = self.llm.llm_engine.logger_manager
         if manager is not None:  # the engine's stat loggers (present with log stats on)

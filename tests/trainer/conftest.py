@@ -159,3 +159,17 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Any:
     policy.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     return VLLMEngine(str(model_dir), EngineSettings(max_new_tokens=8, seed=0, max_model_len=512))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_bf16(tmp_path_factory: pytest.TempPathFactory, vllm_engine: Any, tokenizer) -> Any:
+    """A second in-process engine, in bfloat16, with the same weights. Session-scoped like
+    the first: vLLM's parallel state is global to the process, and an engine's finalizer tears
+    it down, so an engine collected mid-session would break the other one."""
+    from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
+
+    model_dir = tmp_path_factory.mktemp("vllm-policy-bf16")
+    build_policy(ENGINE_MODEL, tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    settings = EngineSettings(max_new_tokens=8, seed=0, max_model_len=512, dtype="bfloat16")
+    return VLLMEngine(str(model_dir), settings)

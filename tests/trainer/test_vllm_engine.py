@@ -12,6 +12,8 @@ metric and the collector's aggregator merges it (``collect``), so the figures as
 from __future__ import annotations
 
 import random
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,22 +143,77 @@ def test_logprob_diff_catches_a_prefix_cache_left_stale(vllm_engine: Any, tokeni
 
 
 def test_a_bfloat16_engine_differs_from_the_float32_trainer(
-    tmp_path_factory: pytest.TempPathFactory, vllm_engine: Any, tokenizer: Any
+    vllm_engine: Any, vllm_engine_bf16: Any, tokenizer: Any
 ) -> None:
     """A second in-process engine in bfloat16: its log-probs differ from the trainer's float32
     rescoring by far more than the float32 engine's do."""
-    from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
-
     policy = build_policy(ENGINE_MODEL, tokenizer, seed=0)
-    model_dir = tmp_path_factory.mktemp("bf16-policy")
-    policy.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    bf16 = VLLMEngine(
-        str(model_dir), EngineSettings(max_new_tokens=MAX_NEW, seed=0, dtype="bfloat16")
-    )
     rows = prompts(32, tokenizer, seed=4)
-    half = logprob_diff(policy, tokenizer, rows, bf16.generate(rows, 1.0, 1.0, False))
+    half = logprob_diff(policy, tokenizer, rows, vllm_engine_bf16.generate(rows, 1.0, 1.0, False))
     full = logprob_diff(policy, tokenizer, rows, vllm_engine.generate(rows, 1.0, 1.0, False))
     print(f"bf16: {worst(half):.3g} worst, fp32: {worst(full):.3g} worst")
     assert worst(full) < 1e-4
     assert worst(half) > 5e-4 and worst(half) > 100 * worst(full)
+
+
+def test_sleep_is_used_where_supported_and_skipped_with_a_note_on_cpu(vllm_engine: Any) -> None:
+    if vllm_engine.on_cpu:
+        assert not vllm_engine.sleeps
+        assert "sleep mode is not supported on CPU" in (vllm_engine.sleep_note or "")
+    else:
+        assert vllm_engine.sleeps and vllm_engine.sleep_note is None
+    vllm_engine.sleep()  # onload/offload around a phase: a no-op where skipped
+    vllm_engine.wake_up()
+    tokens, _ = vllm_engine.generate([[5, 6, 7]], 1.0, 1.0, greedy=True)
+    assert len(tokens[0]) >= 1
+
+
+def test_an_unsupported_head_size_is_refused_naming_the_fix(
+    tmp_path_factory: pytest.TempPathFactory, vllm_engine: Any, tokenizer: Any
+) -> None:
+    from rlpulse.trainer.config import load_config
+    from rlpulse.trainer.rollout_vllm import EngineError, EngineSettings, VLLMEngine
+    from rlpulse.trainer.workers.rollout import choose_backend
+
+    model_dir = tmp_path_factory.mktemp("head16")
+    build_policy(ENGINE_MODEL.__class__(num_heads=4), tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    with pytest.raises(EngineError, match=r"head size 16 .* set model\.num_heads"):
+        VLLMEngine(str(model_dir), EngineSettings(max_new_tokens=4, seed=0))
+    # Before any worker starts: vllm refuses, auto falls back to HF and says why.
+    heads4 = load_config(None, ["model.num_heads=4", "rollout.backend=vllm"])
+    with pytest.raises(EngineError, match=r"model\.num_heads"):
+        choose_backend(heads4, on_cpu=True)
+    auto = load_config(None, ["model.num_heads=4", "rollout.backend=auto"])
+    backend, why = choose_backend(auto, on_cpu=True)
+    assert backend == "hf" and "vLLM cannot run this model: head size 16" in why
+    heads2 = load_config(None, ["model.num_heads=2", "rollout.backend=auto"])
+    assert choose_backend(heads2, on_cpu=True)[0] == "vllm"
+
+
+INTEGRATIONS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-integrations" / "bin" / "python"
+
+
+@pytest.mark.skipif(
+    not INTEGRATIONS_PYTHON.exists(), reason="needs .venv-integrations (make install-integrations)"
+)
+def test_without_vllm_installed_the_choice_says_so() -> None:
+    """In .venv-integrations, an environment without vLLM: backend vllm fails naming the
+    fix, auto falls back to HF saying why."""
+    script = (
+        "from rlpulse.trainer.config import load_config\n"
+        "from rlpulse.trainer.rollout_vllm import EngineError\n"
+        "from rlpulse.trainer.workers.rollout import choose_backend\n"
+        "cfg = lambda b: load_config(None, ['model.num_heads=2', f'rollout.backend={b}'])\n"
+        "print(choose_backend(cfg('auto'), on_cpu=True))\n"
+        "try:\n    choose_backend(cfg('vllm'), on_cpu=True)\n"
+        "except EngineError as exc:\n    print('refused:', exc)\n"
+    )
+    proc = subprocess.run(
+        [str(INTEGRATIONS_PYTHON), "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "('hf', 'vLLM is not installed (make install adds it)" in proc.stdout
+    assert "refused: rollout.backend is vllm but vLLM is not installed: run `make install`" in (
+        proc.stdout
+    )

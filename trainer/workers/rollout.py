@@ -82,6 +82,8 @@ class RolloutWorker(Worker):
                     max_model_len=self.cfg.model.max_position_embeddings,
                 ),
             )
+            if self.engine.sleep_note is not None:
+                print(f"rlpulse rollout: {self.engine.sleep_note}", flush=True)
             self.mover = None
         else:
             self.mover = StateMover(self.model, None, self.device, enabled=self.cfg.cluster.offload)
