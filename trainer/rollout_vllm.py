@@ -97,7 +97,8 @@ class EngineSettings:
     """KV cache on CPU (vLLM otherwise takes 11.6 GiB of a 24 GiB machine)."""
     gpu_memory_utilization: float = 0.3
     """Share of a GPU's memory for weights and KV cache."""
-    max_model_len: int = 256
+    max_model_len: int | None = None
+    """Longest prompt plus response; None: the model's ``max_position_embeddings``."""
 
 
 class VLLMEngine:
@@ -134,6 +135,9 @@ class VLLMEngine:
             if self.on_cpu
             else {"gpu_memory_utilization": settings.gpu_memory_utilization}
         )
+        max_model_len = settings.max_model_len or int(
+            _config(self.model_dir)["max_position_embeddings"]
+        )
         try:
             self.llm = vllm.LLM(
                 model=str(self.model_dir),
@@ -141,7 +145,7 @@ class VLLMEngine:
                 seed=settings.seed,
                 dtype=settings.dtype,
                 enforce_eager=True,
-                max_model_len=settings.max_model_len,
+                max_model_len=max_model_len,
                 enable_sleep_mode=self.sleeps,
                 disable_log_stats=False,  # get_metrics() and the stat loggers need it
                 **memory,
@@ -149,7 +153,7 @@ class VLLMEngine:
         except ValueError as exc:
             if "KV cache" in str(exc) or "kv cache" in str(exc):
                 raise EngineError(
-                    f"vLLM's KV cache is too small for one sequence of {settings.max_model_len} "
+                    f"vLLM's KV cache is too small for one sequence of {max_model_len} "
                     f"tokens: raise rollout.kv_cache_mb (now {settings.kv_cache_mb}) or, on a "
                     f"GPU, rollout.gpu_memory_utilization ({exc})"
                 ) from exc
@@ -236,10 +240,15 @@ class VLLMEngine:
 
 
 def _head_size(model_dir: Path) -> int:
-    import json
-
-    config = json.loads((model_dir / "config.json").read_text())
+    config = _config(model_dir)
     explicit = config.get("head_dim")
     if explicit:
         return int(explicit)
     return int(config["hidden_size"]) // int(config["num_attention_heads"])
+
+
+def _config(model_dir: Path) -> dict[str, Any]:
+    """The HuggingFace config.json the engine starts from."""
+    import json
+
+    return dict(json.loads((model_dir / "config.json").read_text()))
