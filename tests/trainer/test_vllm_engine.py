@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,52 @@ def test_without_vllm_installed_the_choice_says_so() -> None:
     assert "refused: rollout.backend is vllm but vLLM is not installed: run `make install`" in (
         proc.stdout
     )
+
+
+KV_CACHE_SCRIPT = """
+import random, sys, tempfile
+from rlpulse.schemas import engine as E
+from rlpulse.trainer.config import ModelConfig
+from rlpulse.trainer.model import build_policy
+from rlpulse.trainer.rollout_vllm import EngineError, EngineSettings, VLLMEngine
+from rlpulse.trainer.tokenizer import build_tokenizer
+
+def policy(positions):
+    tok, d = build_tokenizer(), tempfile.mkdtemp()
+    cfg = ModelConfig(hidden_size=64, intermediate_size=128, num_heads=2,
+                      max_position_embeddings=positions)
+    build_policy(cfg, tok, seed=0).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+if __name__ == "__main__":
+    try:  # 1 MiB holds about 900 tokens of this model: not one sequence of 8192
+        VLLMEngine(policy(8192), EngineSettings(max_new_tokens=8, seed=0, kv_cache_mb=1))
+    except EngineError as exc:
+        print("refused:", exc)
+    engine = VLLMEngine(policy(512), EngineSettings(max_new_tokens=64, seed=0, kv_cache_mb=1))
+    rng = random.Random(0)
+    engine.generate([[rng.randrange(4, 40) for _ in range(100)] for _ in range(16)], 1.0, 1.0, False)
+    got = engine.take_metrics()
+    print("preemptions", got[E.ENGINE_PREEMPTIONS.name])
+    print("kv_cache_usage", got[E.ENGINE_KV_CACHE_USAGE.name])
+"""
+
+
+def test_a_kv_cache_too_small_is_refused_or_shows_as_preemptions(tmp_path: Path) -> None:
+    """Too small for one sequence: the engine refuses to start, naming rollout.kv_cache_mb.
+    Too small for the batch: vLLM preempts (and recomputes), and the step's metrics say so.
+    In a process of its own: an engine that fails to start tears down vLLM's process-global
+    state, which the session's engines share."""
+    script = tmp_path / "kv.py"
+    script.write_text(KV_CACHE_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "refused: vLLM's KV cache is too small for one sequence of 8192 tokens: raise " in out
+    assert "rollout.kv_cache_mb (now 1)" in out
+    preempted = int(out.split("preemptions ")[1].split()[0])
+    assert preempted > 0
+    assert float(out.split("kv_cache_usage ")[1].split()[0]) == 1.0

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from rlpulse.schemas.engine import ENGINE_PREEMPTIONS
 from rlpulse.schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
 from rlpulse.trainer.config import TrainerConfig
 from rlpulse.trainer.model import build_policy
@@ -64,6 +65,7 @@ class RolloutWorker(Worker):
         self.engine: VLLMEngine | None = None
         self.policy_version = -1
         """The step whose weights the engine holds (its latest model_update)."""
+        self._preempted_said = False
         if self.backend == "vllm":
             # vLLM starts from a HuggingFace directory, once; later weights replace the
             # safetensors file there and are reloaded in place (rollout_vllm.VLLMEngine).
@@ -110,6 +112,18 @@ class RolloutWorker(Worker):
         self.policy_version = step
         return True
 
+    def _warn_preempted(self, step: int, preempted: int) -> None:
+        """Say once per run that the engine's KV cache is too small for the batch (vLLM then
+        preempts and recomputes: correct, slower); rollout/engine/preemptions counts it."""
+        if preempted and not self._preempted_said:
+            self._preempted_said = True
+            print(
+                f"rlpulse rollout: at step {step} vLLM preempted {preempted} requests: its KV "
+                f"cache (rollout.kv_cache_mb={self.cfg.rollout.kv_cache_mb}) is too small for "
+                "the batch; raise rollout.kv_cache_mb (on a GPU, gpu_memory_utilization)",
+                flush=True,
+            )
+
     def generate(self, step: int, prompts: Sequence[str], greedy: bool = False) -> Generation:
         cfg = self.cfg.rollout
         with self._phase(GENERATE, step):
@@ -123,7 +137,9 @@ class RolloutWorker(Worker):
                     ids, mask, responses, cfg.max_new_tokens, self.tokenizer, log_probs
                 )
                 # What the engine did for this call (validation included), read after it.
-                self.producer.log(self.engine.take_metrics(), step)
+                engine_metrics = self.engine.take_metrics()
+                self.producer.log(engine_metrics, step)
+                self._warn_preempted(step, engine_metrics.get(ENGINE_PREEMPTIONS.name, 0))
             else:
                 out = generate_hf(
                     self.model,
