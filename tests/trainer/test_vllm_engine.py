@@ -250,6 +250,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # 25-50 s (two engine starts in a process of its own): make test-slow
 def test_a_kv_cache_too_small_is_refused_or_shows_as_preemptions(tmp_path: Path) -> None:
     """Too small for one sequence: the engine refuses to start, naming rollout.kv_cache_mb.
     Too small for the batch: vLLM preempts (and recomputes), and the step's metrics say so.
