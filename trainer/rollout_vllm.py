@@ -104,6 +104,10 @@ class EngineSettings:
 class VLLMEngine:
     """A ``vllm.LLM`` with sampling, in-place weight updates and per-step engine metrics.
 
+    One per process, as the rollout worker has it: vLLM's Prometheus registry, which
+    ``get_metrics()`` reads, is global to the process, and a second engine's start replaces
+    the first's counters there (the first engine's counts would then read as 0).
+
     >>> # engine = VLLMEngine("/tmp/policy", EngineSettings(max_new_tokens=6, seed=0))
     >>> # tokens, log_probs = engine.generate([[5, 6, 7]], 1.0, 1.0, greedy=False)
     >>> # engine.load_weights(policy.state_dict()); engine.take_metrics()

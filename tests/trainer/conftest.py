@@ -165,7 +165,10 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Any:
 def vllm_engine_bf16(tmp_path_factory: pytest.TempPathFactory, vllm_engine: Any, tokenizer) -> Any:
     """A second in-process engine, in bfloat16, with the same weights. Session-scoped like
     the first: vLLM's parallel state is global to the process, and an engine's finalizer tears
-    it down, so an engine collected mid-session would break the other one."""
+    it down, so an engine collected mid-session would break the other one. Its start also
+    takes vLLM's Prometheus registry (process-global) over from the first engine, whose
+    get_metrics() counters then stand still: tests of the first engine's counters come
+    before the one that asks for this fixture (pytest runs a file's tests in order)."""
     from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
 
     model_dir = tmp_path_factory.mktemp("vllm-policy-bf16")

@@ -143,6 +143,29 @@ def test_logprob_diff_catches_a_prefix_cache_left_stale(vllm_engine: Any, tokeni
     assert abs(stale[f"{DIFF}/p99"]) > 1e-3 > abs(fresh[f"{DIFF}/p99"])
 
 
+def test_engine_metrics_merge_exactly_across_rollout_workers(
+    vllm_engine: Any, tokenizer: Any
+) -> None:
+    """Two rollout workers' steps (two generations of the session engine, one per worker),
+    merged by the collector's aggregator: counts add, the KV-cache use is the larger, and the
+    latency histograms pool every sample of both (count, mean, max exact)."""
+    vllm_engine.take_raw()
+    parts = []
+    for seed, n in ((5, 24), (6, 40)):
+        rows = prompts(n, tokenizer, seed=seed)
+        tokens, _ = vllm_engine.generate(rows, 1.0, 1.0, greedy=False)
+        deltas, samples = vllm_engine.take_raw()
+        parts.append((sum(len(t) for t in tokens), samples, step_metrics(deltas, samples)))
+    merged = collect([[logged] for _, _, logged in parts])
+    assert merged[E.ENGINE_REQUESTS.name] == 24 + 40
+    assert merged[E.ENGINE_GENERATION_TOKENS.name] == sum(g for g, _, _ in parts)
+    assert merged[E.ENGINE_KV_CACHE_USAGE.name] == max(s.kv_cache_usage for _, s, _ in parts)
+    ttft = [x for _, s, _ in parts for x in s.ttft]
+    assert sum(merged.get(b, 0) for b in E.ENGINE_TTFT.bucket_names) == len(ttft) == 64
+    assert merged[f"{E.ENGINE_TTFT.name}/mean"] == pytest.approx(sum(ttft) / len(ttft), rel=1e-9)
+    assert merged[f"{E.ENGINE_TTFT.name}/max"] == pytest.approx(max(ttft), rel=1e-9)
+
+
 def test_a_bfloat16_engine_differs_from_the_float32_trainer(
     vllm_engine: Any, vllm_engine_bf16: Any, tokenizer: Any
 ) -> None:
@@ -268,26 +291,3 @@ def test_a_kv_cache_too_small_is_refused_or_shows_as_preemptions(tmp_path: Path)
     preempted = int(out.split("preemptions ")[1].split()[0])
     assert preempted > 0
     assert float(out.split("kv_cache_usage ")[1].split()[0]) == 1.0
-
-
-def test_engine_metrics_merge_exactly_across_rollout_workers(
-    vllm_engine: Any, tokenizer: Any
-) -> None:
-    """Two rollout workers' steps (two generations of the session engine, one per worker),
-    merged by the collector's aggregator: counts add, the KV-cache use is the larger, and the
-    latency histograms pool every sample of both (count, mean, max exact)."""
-    vllm_engine.take_raw()
-    parts = []
-    for seed, n in ((5, 24), (6, 40)):
-        rows = prompts(n, tokenizer, seed=seed)
-        tokens, _ = vllm_engine.generate(rows, 1.0, 1.0, greedy=False)
-        deltas, samples = vllm_engine.take_raw()
-        parts.append((sum(len(t) for t in tokens), samples, step_metrics(deltas, samples)))
-    merged = collect([[logged] for _, _, logged in parts])
-    assert merged[E.ENGINE_REQUESTS.name] == 24 + 40
-    assert merged[E.ENGINE_GENERATION_TOKENS.name] == sum(g for g, _, _ in parts)
-    assert merged[E.ENGINE_KV_CACHE_USAGE.name] == max(s.kv_cache_usage for _, s, _ in parts)
-    ttft = [x for _, s, _ in parts for x in s.ttft]
-    assert sum(merged.get(b, 0) for b in E.ENGINE_TTFT.bucket_names) == len(ttft) == 64
-    assert merged[f"{E.ENGINE_TTFT.name}/mean"] == pytest.approx(sum(ttft) / len(ttft), rel=1e-9)
-    assert merged[f"{E.ENGINE_TTFT.name}/max"] == pytest.approx(max(ttft), rel=1e-9)
