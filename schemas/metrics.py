@@ -22,6 +22,7 @@ ratio and clipfrac over every response token, including samples its filters drop
 
 from __future__ import annotations
 
+from rlpulse.schemas import engine  # the rollout engine's own metrics (vLLM)
 from rlpulse.schemas.catalog import Catalog, Entry, Template, family
 from rlpulse.schemas.evaluation import (  # held-out validation, listed here
     VAL_ACCURACY as VAL_ACCURACY,
@@ -72,13 +73,7 @@ from rlpulse.schemas.topology import (  # the templates are defined with the top
     TIME_PHASE_GPU as TIME_PHASE_GPU,
 )
 
-MEAN, FRACTION, SUM, MAX, LAST = (
-    Reduction.MEAN,
-    Reduction.FRACTION,
-    Reduction.SUM,
-    Reduction.MAX,
-    Reduction.LAST,
-)
+MEAN, FRACTION, SUM, MAX, LAST = (Reduction[r] for r in ("MEAN", "FRACTION", "SUM", "MAX", "LAST"))
 UNDERSCORE = "{name}_{stat}"
 
 
@@ -380,10 +375,10 @@ ACTOR_REF_KL = Entry(
     "actor/reward_kl_penalty and critic/kl): the adaptive KL controller's input.",
 )
 
-ENTRIES = tuple(v for v in list(globals().values()) if isinstance(v, Entry))
-HISTOGRAMS = tuple(v for v in list(globals().values()) if isinstance(v, Histogram))
-"""Histograms (``rlpulse.schemas.histogram``): their entries are listed above, their bucket
-templates below, and the collector derives their quantiles."""
+_DEFINED = list(globals().values())
+ENTRIES = (*(v for v in _DEFINED if isinstance(v, Entry)), *engine.ENTRIES)
+HISTOGRAMS = (*(v for v in _DEFINED if isinstance(v, Histogram)), *engine.HISTOGRAMS)
+"""Histograms (``schemas.histogram``): entries in ENTRIES, bucket templates below."""
 TEMPLATES: tuple[Template, ...] = (
     *(h.buckets for h in HISTOGRAMS),
     SERVE_ERRORS,

@@ -48,7 +48,8 @@ def main() -> int:
     # Printed while it runs, so a reader knows where to look before the end.
     print(
         f"rlpulse demo: steps print below; files in {run_dir}\n"
-        f"  live /metrics while it runs: {live_metrics_hint(metrics_url)}",
+        f"  live /metrics while it runs: {live_metrics_hint(metrics_url)}\n"
+        f"  rollout: {rollout_backend()}",
         flush=True,
     )
     with start_collector(collector_cfg) as collector:
@@ -168,6 +169,20 @@ def _parent(pid: int) -> int:
     except OSError:
         return 0
     return int(stat.rpartition(")")[2].split()[1])  # after "pid (comm)": state, ppid
+
+
+def rollout_backend() -> str:
+    """Which engine the demo's rollouts use, and why (vLLM unless it cannot be imported or
+    cannot run the model; never a silent fallback)."""
+    import torch
+
+    from rlpulse.trainer.config import load_config
+    from rlpulse.trainer.workers.rollout import choose_backend
+
+    backend, why = choose_backend(load_config(CONFIG), on_cpu=not torch.cuda.is_available())
+    if backend == "vllm":
+        return f"vLLM, the rollout engine ({why}); its metrics are logged as rollout/engine/..."
+    return f"HF generate, NOT vLLM: {why}"
 
 
 def live_metrics_hint(url: str) -> str:

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from rlpulse.trainer.driver import RolloutLost
+    from rlpulse.trainer.rollout_vllm import EngineError
     from rlpulse.trainer.run import claim_run, train
 
     claimed = claim_run(cfg, resume=args.resume)
@@ -74,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: {claimed.notice()}", flush=True)
     if args.resume:  # producers continue the run on a collector that saw it end
         os.environ[RESUME_VAR] = "1"
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except (RolloutLost, EngineError) as exc:  # the rollout engine: failed or gone
+        print(f"trainer: {exc}", file=sys.stderr)
+        return 1
     val = ", ".join(f"step {s}: {v:.3f}" for s, v in result.val_scores)
     print(
         f"run {cfg.run}: {result.steps} steps; val/score/mean {val}; "

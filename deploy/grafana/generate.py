@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.promnames import PREFIX, prom_metric
-from rlpulse.schemas import metrics as M
+from rlpulse.schemas import engine as E, metrics as M
 from rlpulse.schemas.catalog import Entry, Template
 from rlpulse.schemas.reductions import Stat
 from rlpulse.schemas.topology import GENERATE, PHASES, SERVE
@@ -480,6 +480,7 @@ def throughput() -> dict[str, Any]:
             "(a flat line) with a large lag fires RLPulsePersistentStraggler. The run's trace "
             "(trace tracker; rlpulse report --timeline) shows the ranks side by side.",
         ),
+        *engine_row(),
     ]
     return dashboard(
         "rlpulse-throughput",
@@ -487,6 +488,88 @@ def throughput() -> dict[str, Any]:
         "Tokens per second, samples, driver stage and per-phase times.",
         layout(panels),
     )
+
+
+def engine_row() -> list[dict[str, Any]]:
+    """The rollout engine's own metrics per training step (vLLM; rlpulse.schemas.engine)."""
+    r = "{{run}}"
+
+    def latency(title: str, h: Any, description: str) -> dict[str, Any]:
+        bucket = f"{name_of(h.name)}_bucket"  # the Prometheus sink's cumulative histogram
+        return panel(
+            title,
+            [
+                *((histogram_quantile(q, bucket), f"{r} p{q * 100:g}") for q in h.quantile_entries),
+                (sel(h.summary, Stat.MEAN), f"{r} mean (last step)"),
+                (sel(h.summary, Stat.MAX), f"{r} max (last step)"),
+            ],
+            "s",
+            description=f"{description} Quantiles over every rollout worker's samples in each "
+            "interval (histogram_quantile of the merged buckets, exact to bucket resolution); "
+            "mean and max of the latest training step.",
+        )
+
+    return [
+        row("Rollout engine (vLLM), per training step"),
+        panel(
+            "Engine tokens",
+            [
+                (sel(E.ENGINE_GENERATION_TOKENS), f"{r} generated"),
+                (sel(E.ENGINE_PROMPT_TOKENS), f"{r} prompt (prefilled)"),
+            ],
+            "none",
+            description="Changes of vllm:generation_tokens and vllm:prompt_tokens over the "
+            "step, summed over rollout workers (validation included).",
+        ),
+        panel(
+            "Engine requests, queue and preemptions",
+            [
+                (sel(E.ENGINE_REQUESTS), f"{r} finished"),
+                (sel(E.ENGINE_REQUESTS_RUNNING), f"{r} running (max)"),
+                (sel(E.ENGINE_REQUESTS_WAITING), f"{r} waiting (max)"),
+                (sel(E.ENGINE_PREEMPTIONS), f"{r} preempted"),
+            ],
+            "none",
+            description="Preemptions above 0: the KV cache is too small for the batch "
+            "(rollout.kv_cache_mb, or gpu_memory_utilization on a GPU).",
+        ),
+        panel(
+            "KV cache and prefix cache",
+            [
+                (sel(E.ENGINE_KV_CACHE_USAGE), f"{r} KV cache in use (max)"),
+                (sel(E.ENGINE_PREFIX_CACHE_HIT_RATE), f"{r} prefix-cache hit rate"),
+            ],
+            "percentunit",
+            description="vllm:kv_cache_usage_perc at its largest over the step's engine "
+            "iterations; prefix-cache hits over queries (tokens).",
+        ),
+        latency(
+            "Time to first token",
+            E.ENGINE_TTFT,
+            "vllm:time_to_first_token_seconds' samples.",
+        ),
+        latency(
+            "Inter-token latency",
+            E.ENGINE_ITL,
+            "vllm:inter_token_latency_seconds' samples.",
+        ),
+        latency(
+            "End-to-end request latency",
+            E.ENGINE_E2E_LATENCY,
+            "vllm:e2e_request_latency_seconds' samples.",
+        ),
+        latency("Queue time", E.ENGINE_QUEUE_TIME, "vllm:request_queue_time_seconds' samples."),
+        panel(
+            "Rollout stage beside the engine's generation",
+            [
+                (sel(M.TIME_ROLLOUT), f"{r} driver: time/rollout"),
+                (sel(E.ENGINE_E2E_LATENCY.summary, Stat.MAX), f"{r} engine: slowest request"),
+            ],
+            "s",
+            description="The driver's rollout stage against the engine's longest request: "
+            "the gap is batching, transfer and the worker's own work.",
+        ),
+    ]
 
 
 def memory() -> dict[str, Any]:

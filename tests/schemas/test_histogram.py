@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpulse.collector.promnames import prom_metric
-from rlpulse.schemas import CATALOG, Reduction, metrics as M
+from rlpulse.schemas import CATALOG, Reduction, engine, metrics as M
 from rlpulse.schemas.histogram import (
     BOUNDS,
     INF,
@@ -127,14 +127,15 @@ def test_bad_declarations_are_refused(kw: dict, says: str) -> None:
         Histogram("x", "s", "h", count_unit="calls", **kw)
 
 
-def test_the_serving_histogram_is_in_the_catalog() -> None:
-    h = M.SERVE_LATENCY
-    assert (h,) == M.HISTOGRAMS
+@pytest.mark.parametrize("h", [M.SERVE_LATENCY, *engine.HISTOGRAMS], ids=lambda h: h.name)
+def test_the_histograms_are_in_the_catalog(h: Histogram) -> None:
+    """The policy server's latency and the rollout engine's four (rlpulse.schemas.engine)."""
+    assert (M.SERVE_LATENCY, *engine.HISTOGRAMS) == M.HISTOGRAMS
     assert h.buckets in CATALOG.templates
     for entry in h.entries:
         assert CATALOG.entries[entry.name] is entry
-    assert CATALOG.resolve("serve/latency/p99").derived
-    assert CATALOG.resolve("serve/latency/bucket/inf").reduction is Reduction.SUM
+    assert CATALOG.resolve(f"{h.name}/p99").derived
+    assert CATALOG.resolve(f"{h.name}/bucket/inf").reduction is Reduction.SUM
     # every bucket has its own Prometheus series (no two bounds sanitize to one name)
     names = {prom_metric(n).name for n in h.bucket_names}
     assert len(names) == len(h.bucket_names)

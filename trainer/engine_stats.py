@@ -1,0 +1,160 @@
+"""The vLLM engine's own metrics over one training step, as catalog values.
+
+Two sources, both the engine's own numbers:
+
+* :class:`StepRecorder`, added to the engine's stat loggers, sees every engine iteration's
+  ``SchedulerStats`` and ``IterationStats``, the objects vLLM's Prometheus logger observes:
+  it keeps the largest KV-cache use and queue lengths, and the raw latency samples (time to
+  first token, inter-token latency, end-to-end latency, queue time) vLLM puts in its
+  histograms;
+* :func:`read_counters` reads ``LLM.get_metrics()`` (vLLM's Prometheus registry): the step's
+  counts are the change of vLLM's counters between two reads (:func:`counter_deltas`).
+
+:func:`step_metrics` turns both into ``{catalog name: producer value}``. Nothing here imports
+vLLM: the recorder has the methods vLLM's ``StatLoggerManager`` calls, and the counters are
+read from the ``Metric`` objects ``get_metrics()`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlpulse.producer import Fraction
+from rlpulse.schemas import engine as E
+
+COUNTERS: dict[str, str] = {
+    "vllm:prompt_tokens": E.ENGINE_PROMPT_TOKENS.name,
+    "vllm:generation_tokens": E.ENGINE_GENERATION_TOKENS.name,
+    "vllm:request_success": E.ENGINE_REQUESTS.name,
+    "vllm:num_preemptions": E.ENGINE_PREEMPTIONS.name,
+    "vllm:prefix_cache_queries": E.ENGINE_PREFIX_CACHE_QUERIES.name,
+    "vllm:prefix_cache_hits": E.ENGINE_PREFIX_CACHE_HITS.name,
+}
+"""vLLM counter -> the catalog entry that carries its change over a step."""
+
+HISTOGRAM_COUNTS: dict[str, str] = {
+    "vllm:time_to_first_token_seconds": "ttft",
+    "vllm:inter_token_latency_seconds": "itl",
+    "vllm:e2e_request_latency_seconds": "e2e",
+    "vllm:request_queue_time_seconds": "queue",
+}
+"""vLLM histogram -> the :class:`StepSamples` field holding the same samples (their count
+and sum, read with the counters, check that the recorder saw what vLLM observed)."""
+
+
+@dataclass
+class StepSamples:
+    """What the recorder saw since it was last taken."""
+
+    kv_cache_usage: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    iterations: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    queue: list[float] = field(default_factory=list)
+
+
+class StepRecorder:
+    """A vLLM stat logger (the methods ``StatLoggerManager`` calls) that keeps one step's
+    extremes and latency samples; :meth:`take` hands them over and starts the next step.
+
+    >>> rec = StepRecorder()
+    >>> rec.take().iterations
+    0
+    """
+
+    def __init__(self) -> None:
+        self._now = StepSamples()
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        """One engine iteration: the same objects vLLM's Prometheus logger records."""
+        now = self._now
+        if scheduler_stats is not None:
+            now.iterations += 1
+            now.kv_cache_usage = max(now.kv_cache_usage, float(scheduler_stats.kv_cache_usage))
+            now.running = max(now.running, int(scheduler_stats.num_running_reqs))
+            waiting = scheduler_stats.num_waiting_reqs + getattr(
+                scheduler_stats, "num_skipped_waiting_reqs", 0
+            )
+            now.waiting = max(now.waiting, int(waiting))
+        if iteration_stats is None:
+            return
+        now.ttft.extend(iteration_stats.time_to_first_tokens_iter)
+        now.itl.extend(iteration_stats.inter_token_latencies_iter)
+        for finished in iteration_stats.finished_requests:
+            now.e2e.append(finished.e2e_latency)
+            now.queue.append(finished.queued_time)
+
+    def take(self) -> StepSamples:
+        taken, self._now = self._now, StepSamples()
+        return taken
+
+    # The rest of vLLM's stat-logger interface: nothing to do.
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int = 0, level: int = 0) -> None:
+        pass
+
+    def record_admission_rejection(self, reason: str) -> None:
+        pass
+
+
+def read_counters(metrics: Iterable[Any]) -> dict[str, float]:
+    """vLLM's counters summed over their labels (engine, finished_reason), and each
+    histogram's ``<name>:count`` and ``<name>:sum``, from ``LLM.get_metrics()``."""
+    out: dict[str, float] = {}
+    for metric in metrics:
+        kind = type(metric).__name__
+        if kind == "Counter" and metric.name in COUNTERS:
+            out[metric.name] = out.get(metric.name, 0.0) + float(metric.value)
+        elif kind == "Histogram" and metric.name in HISTOGRAM_COUNTS:
+            out[f"{metric.name}:count"] = out.get(f"{metric.name}:count", 0.0) + metric.count
+            out[f"{metric.name}:sum"] = out.get(f"{metric.name}:sum", 0.0) + float(metric.sum)
+    return out
+
+
+def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """What each counter grew by between two reads (a counter absent before started at 0).
+
+    >>> counter_deltas({"vllm:prompt_tokens": 10.0}, {"vllm:prompt_tokens": 25.0})
+    {'vllm:prompt_tokens': 15.0}
+    """
+    return {name: value - before.get(name, 0.0) for name, value in after.items()}
+
+
+def step_metrics(deltas: Mapping[str, float], samples: StepSamples) -> dict[str, Any]:
+    """One step of the engine as ``{catalog name: producer value}``."""
+    out: dict[str, Any] = {
+        entry: round(deltas.get(counter, 0.0)) for counter, entry in COUNTERS.items()
+    }
+    queries = out[E.ENGINE_PREFIX_CACHE_QUERIES.name]
+    if queries:
+        out[E.ENGINE_PREFIX_CACHE_HIT_RATE.name] = Fraction(
+            out[E.ENGINE_PREFIX_CACHE_HITS.name], queries
+        )
+    if samples.iterations:
+        out[E.ENGINE_KV_CACHE_USAGE.name] = samples.kv_cache_usage
+        out[E.ENGINE_REQUESTS_RUNNING.name] = samples.running
+        out[E.ENGINE_REQUESTS_WAITING.name] = samples.waiting
+    for histogram, values in (
+        (E.ENGINE_TTFT, samples.ttft),
+        (E.ENGINE_ITL, samples.itl),
+        (E.ENGINE_E2E_LATENCY, samples.e2e),
+        (E.ENGINE_QUEUE_TIME, samples.queue),
+    ):
+        out.update(histogram.observe(values))
+    return out
