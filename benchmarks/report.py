@@ -859,6 +859,13 @@ def section_gpu(
     return out
 
 
+def section_kept(name: str) -> list[str]:
+    """A section written by hand from a benchmark that ``make bench`` does not run
+    (``results/NAME.md``, beside its raw ``results/NAME.json``), kept as it is."""
+    path = RESULTS / f"{name}.md"
+    return [path.read_text().rstrip(), ""] if path.exists() else []
+
+
 def section_soak(data: dict[str, Any] | None) -> list[str]:
     """The slow soak test's figures (``tests/integration/test_soak.py``, ``make test-slow``),
     kept in ``results/soak.json`` from its last run: ``make bench`` does not run it."""
@@ -1081,6 +1088,7 @@ def render() -> Path:
     )
     body += section_notes(cc, ing, lat, reduce_cost.get("cpu"), goals)
     body += section_sketch(_load("sketch_cost"), goals)
+    body += section_kept("vllm_rollout")
     if cc:
         plot_caller(cc)
     if ing:
