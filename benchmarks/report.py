@@ -838,10 +838,14 @@ def section_gpu(
                 f"makes, timed alone (median, synchronized before each): {ops}. `log()` of a "
                 f"1k tensor under cProfile: {profile['log() 1k plain, idle']:.0f} µs idle, "
                 f"{profile['log() 1k plain, busy']:.0f} µs with 200 ms queued. Its own calls "
-                "add up to about 20 µs alone, but inside `log()` the profile put the `clone` "
-                "at 75 µs a call: the caller most likely waits to get the GIL back from the "
-                "sender thread (each torch call lets go of it), which does more while calls "
-                "wait for a busy GPU. Not confirmed yet; the next GPU session's work.",
+                "add up to about 20 µs timed back to back, but inside `log()`, called after a "
+                "2 ms pause as in the benchmark (and between training steps), the profile put "
+                "the `clone` at 75 µs. A call after a pause runs cold: on this 2-core CPU, "
+                "through the same code with a fake device, a 1k `clone` takes 9.4 µs back to "
+                "back and 56.6 µs after a 2 ms sleep, and `log()` 69 against 120 µs; the naive "
+                "read above pays the same (17 µs warm, 87 µs in the benchmark). Why a call "
+                "with 200 ms queued costs twice one on an idle GPU is not explained yet: the "
+                "next GPU session's work.",
                 "",
             ]
         bench_rows = bench["rows"]
