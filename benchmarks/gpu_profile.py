@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.reduce_cost import queue_busy
+
 
 def median_us(fn: Callable[[], object], calls: int, between: Callable[[], object] | None = None):
     samples = []
@@ -80,8 +82,7 @@ def main() -> int:
     per_ms = 100_000_000 / start.elapsed_time(end)
 
     def busy() -> None:
-        sync()
-        torch.cuda._sleep(int(200 * per_ms))
+        queue_busy(torch, per_ms)
 
     with tempfile.TemporaryDirectory() as d:
         handle = start_collector(

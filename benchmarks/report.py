@@ -843,9 +843,12 @@ def section_gpu(
                 "the `clone` at 75 µs. A call after a pause runs cold: on this 2-core CPU, "
                 "through the same code with a fake device, a 1k `clone` takes 9.4 µs back to "
                 "back and 56.6 µs after a 2 ms sleep, and `log()` 69 against 120 µs; the naive "
-                "read above pays the same (17 µs warm, 87 µs in the benchmark). Why a call "
-                "with 200 ms queued costs twice one on an idle GPU is not explained yet: the "
-                "next GPU session's work.",
+                "read above pays the same (17 µs warm, 87 µs in the benchmark). A call with 200 ms "
+                "queued cost twice one on an idle GPU most likely for the same reason: "
+                "the figures above were taken right after a 200 ms blocking synchronize, and on "
+                "this CPU the same code takes 359 µs after a 200 ms pause against 135 µs after "
+                "a 2 ms one, so the benchmark now pauses 2 ms after queuing, as the idle case "
+                "does (`reduce_cost.queue_busy`); the next GPU session measures it again.",
                 "",
             ]
         bench_rows = bench["rows"]
