@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import spin_cycles_per_ms
 from benchmarks.reduce_cost import queue_busy
 
 
@@ -73,13 +74,7 @@ def main() -> int:
     out: dict[str, object] = {"device": torch.cuda.get_device_name(), "ops_us": {}}
     for name, fn in ops.items():
         out["ops_us"][name] = round(median_us(fn, calls, between=sync), 2)  # type: ignore[index]
-    torch.cuda._sleep(200_000_000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(100_000_000)
-    end.record()
-    end.synchronize()
-    per_ms = 100_000_000 / start.elapsed_time(end)
+    per_ms = spin_cycles_per_ms(torch)
 
     def busy() -> None:
         queue_busy(torch, per_ms)

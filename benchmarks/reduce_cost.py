@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import load_snapshot, summarize, write_json
+from benchmarks.common import load_snapshot, spin_cycles_per_ms, summarize, write_json
 from rlpulse.producer.config import ProducerConfig
 
 N = 1_000_000
@@ -183,15 +183,8 @@ def gpu_section(calls: int, tmp: Path) -> dict[str, Any]:
         role="actor_train",
         config=ProducerConfig(gpu_sample_s=0),
     )
-    # Calibrate the spin kernel with the clock awake (an idle GPU runs at a low clock and
-    # speeds up under load: calibrated cold, "300 ms" ran in 217 on an H100).
-    torch.cuda._sleep(200_000_000)
+    cycles_per_ms = spin_cycles_per_ms(torch)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(100_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 100_000_000 / start.elapsed_time(end)
     step = iter(range(10**9))
     out: dict[str, Any] = {"idle": {}, "busy": {}, "first": {}}
     for n in (1000, N):

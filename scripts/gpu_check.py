@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from rlpulse.schemas import metrics as M  # noqa: E402  (after the checkout is on the path)
+
 Row = dict[str, Any]
 RESULTS_FILE = "gpu-check.json"
 LIMITS_S = {"tests": 100, "merge": 60, "nvml": 40, "bench": 100, "trainer": 170}
@@ -47,7 +48,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
 """What ``log()`` takes from a GPU (README, "On a GPU")."""
 CATALOG_STEPS = 3
 MERGE_STEPS = 2
-DIST = "critic/advantages"
+DIST = M.CRITIC_ADVANTAGES.name
 """A catalog distribution (``Reduction.DIST``, reported with p50, p90 and p99)."""
 MIB = 1024 * 1024
 
@@ -301,7 +302,6 @@ def check_nvml(out: Path) -> None:
     import torch
 
     from rlpulse.producer.gpustate import GIB, NvmlSampler
-    from rlpulse.schemas import metrics as M
 
     keep = torch.empty(1024 * MIB, dtype=torch.uint8, device="cuda")
     keep.fill_(1)
@@ -444,7 +444,6 @@ def check_trainer(out: Path) -> None:
     counts, failed, skipped = junit_counts(xml)
     bad = counts["failures"] + counts["errors"]
     passed = counts["tests"] - bad - counts["skipped"]
-    gpu_names = re.findall(r"memory/actor_train/[a-z_]+/\w+/\w+/\w+/\d", proc.stdout)
     emit(
         [
             row(
@@ -458,7 +457,6 @@ def check_trainer(out: Path) -> None:
         ],
         failed=failed,
         skipped=skipped,
-        gpu_names=gpu_names[:5],
         output_tail=proc.stdout[-8000:] + proc.stderr[-4000:],
     )
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common import spin_cycles_per_ms
 from rlpulse.producer import Fraction, Masked, Producer, Weighted
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.gpustate import GIB, NvmlSampler
@@ -53,17 +54,10 @@ def strict() -> Iterator[None]:
 
 def gpu_busy_ms(ms: float) -> torch.cuda.Event:
     """Queue about ``ms`` of GPU work on the current stream; return an event recorded after
-    it. The first call calibrates the spin kernel; a GPU idling at a low clock speeds up
-    under load, so the clock is woken first (an H100 calibrated cold ran "300 ms" in 217)."""
+    it. The first call calibrates the spin kernel (``spin_cycles_per_ms``)."""
     global _CYCLES_PER_MS
     if _CYCLES_PER_MS is None:
-        torch.cuda._sleep(200_000_000)  # wake the clock
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(100_000_000)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_MS = 100_000_000 / start.elapsed_time(end)
+        _CYCLES_PER_MS = spin_cycles_per_ms(torch)
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS))
     done = torch.cuda.Event()
     done.record()
