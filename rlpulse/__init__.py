@@ -7,23 +7,47 @@ One import namespace. The public API a worker needs::
 
 and the packages beneath it: ``rlpulse.producer`` (the library in every worker),
 ``rlpulse.collector`` (the daemon), ``rlpulse.schemas`` (the catalog and the wire protocol),
-``rlpulse.runtools`` (report, compare), ``rlpulse.trainer`` (the demo PPO/GRPO trainer) and
-``rlpulse.deploy`` (Prometheus rules, Grafana dashboards, compose). The command line is
-``rlpulse`` (``rlpulse --help``).
+``rlpulse.wire`` (transports), ``rlpulse.runtools`` (report, compare), ``rlpulse.trainer``
+(the demo PPO/GRPO trainer) and ``rlpulse.deploy`` (Prometheus rules, Grafana dashboards,
+compose). The command line is ``rlpulse`` (``rlpulse --help``).
 
 In the repository those packages are the top-level folders ``producer/``, ``collector/``...;
-an installed wheel holds them inside ``rlpulse/`` (``pyproject.toml`` maps them), and from a
-source checkout this package looks for them beside itself.
+this folder holds a relative symlink to each, so a checkout imports as the wheel does.
+
+The root is lazy (PEP 562): ``import rlpulse.schemas`` or ``import rlpulse.collector`` loads
+no producer code; the names below are imported on first use.
 """
 
 from __future__ import annotations
 
-from pathlib import Path as _Path
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-if not (_Path(__file__).parent / "producer").is_dir():  # a source checkout, not a wheel
-    __path__.append(str(_Path(__file__).resolve().parent.parent))
+if TYPE_CHECKING:
+    from rlpulse.producer import Fraction, Masked, NullProducer, Producer, Weighted
+    from rlpulse.producer.config import ProducerConfig
 
-from rlpulse.producer import Fraction, Masked, NullProducer, Producer, Weighted
-from rlpulse.producer.config import ProducerConfig
+# Public name -> the module that owns it.
+_EXPORTS = {
+    "Fraction": "rlpulse.producer.values",
+    "Masked": "rlpulse.producer.values",
+    "NullProducer": "rlpulse.producer",
+    "Producer": "rlpulse.producer",
+    "ProducerConfig": "rlpulse.producer.config",
+    "Weighted": "rlpulse.producer.values",
+}
 
 __all__ = ["Fraction", "Masked", "NullProducer", "Producer", "ProducerConfig", "Weighted"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlpulse' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

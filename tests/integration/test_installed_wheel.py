@@ -177,16 +177,70 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_pyproject_lists_every_package_folder() -> None:
-    """The wheel's package list (mapped folders, ``pyproject.toml``) names every folder with
-    an ``__init__.py`` under them: a new subpackage cannot be left out of the wheel."""
-    import tomllib
+def test_every_package_folder_is_reached_through_rlpulse() -> None:
+    """The checkout's top-level package folders are reached as ``rlpulse.<name>`` through the
+    relative symlinks in ``rlpulse/``, which is what the wheel's package search follows: a
+    folder without its link would be left out of the wheel and unseen by mypy or an IDE."""
+    from setuptools import find_packages
 
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    found = set()
-    for package, folder in setup["package-dir"].items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder).parts
-            if "__pycache__" not in rel and init.parent.name != "grafana":
-                found.add(".".join((package, *rel)))
-    assert found == set(setup["packages"])
+    folders = {
+        p.parent.name
+        for p in ROOT.glob("*/__init__.py")
+        if p.parent.name not in ("rlpulse", "tests", "benchmarks", "scripts", "examples")
+    }
+    assert {"producer", "collector", "schemas", "wire"} <= folders
+    for name in folders:
+        link = ROOT / "rlpulse" / name
+        assert link.is_symlink() and link.resolve() == ROOT / name, name
+    packages = set(find_packages(str(ROOT), include=["rlpulse*"]))
+    wanted = {
+        ".".join(("rlpulse", *init.parent.relative_to(ROOT).parts))
+        for name in folders
+        for init in (ROOT / name).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert wanted <= packages, wanted - packages
+
+
+def test_root_is_lazy() -> None:
+    """Importing the catalog, the wire or the collector loads no producer code (PEP 562 root),
+    and ``from rlpulse import Producer`` still works."""
+    code = (
+        "import sys, rlpulse.schemas.metrics, rlpulse.wire.transport, rlpulse.collector.daemon\n"
+        "assert not [m for m in sys.modules if m.startswith('rlpulse.producer')], sys.modules\n"
+        "from rlpulse import Producer, ProducerConfig, Masked\n"
+        "assert Producer.__module__ == 'rlpulse.producer.client'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def test_mypy_resolves_the_checkout() -> None:
+    """A static reader of the plain checkout (mypy here, as an IDE does) resolves
+    ``rlpulse.*`` imports with no install-time hook: mypy is told not to read site-packages,
+    where the editable install's finder lives."""
+    mypy = shutil.which("mypy", path=str(Path(sys.executable).parent))
+    if mypy is None:
+        pytest.skip("mypy is not installed (the dev extra)")
+    code = (
+        "from rlpulse.producer.client import Producer\n"
+        "from rlpulse.collector.daemon import Collector\n"
+        "reveal_type(Producer.log)\n"
+        "reveal_type(Collector.run)\n"
+    )
+    out = subprocess.run(
+        [
+            mypy,
+            "--no-site-packages",
+            "--ignore-missing-imports",
+            "--follow-imports=silent",
+            "--no-incremental",
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert "rlpulse.producer.client.Producer" in out.stdout, out.stdout
+    assert "rlpulse.collector.daemon.Collector" in out.stdout, out.stdout
