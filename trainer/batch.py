@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -64,12 +65,12 @@ class RolloutBatch:
             return self.response_mask
         return self.response_mask * self.valid.to(self.response_mask.dtype).unsqueeze(-1)
 
-    def replace(self, **changes: Tensor | None) -> RolloutBatch:
+    def replace(self, **changes: Any) -> RolloutBatch:
         return dataclasses.replace(self, **changes)
 
     def select(self, index: Tensor) -> RolloutBatch:
         """The rows ``index`` of every tensor field."""
-        changes = {}
+        changes: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Tensor):

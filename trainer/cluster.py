@@ -77,7 +77,7 @@ def _gpus_per_worker(cfg: TrainerConfig, n_model_workers: int) -> float:
 
 
 def create_workers(
-    cfg: TrainerConfig, collector_address: str, weights: dict[str, torch.Tensor]
+    cfg: TrainerConfig, collector_address: str | None, weights: dict[str, torch.Tensor]
 ) -> Workers:
     """Create every worker from the same initial weights and join the data-parallel group."""
     has_critic = cfg.ppo.algorithm == "ppo"
@@ -92,7 +92,7 @@ def create_workers(
         return WorkerSpec(cfg, collector_address, rank, world)
 
     actor_cls = ray.remote(ActorTrainWorker).options(**opts)
-    actors = [actor_cls.remote(spec(r, n_ranks), weights_ref) for r in range(n_ranks)]
+    actors: list[Handle] = [actor_cls.remote(spec(r, n_ranks), weights_ref) for r in range(n_ranks)]
     workers = Workers(
         actor_train=actors,
         reference=ray.remote(ReferenceWorker).options(**opts).remote(spec(), weights_ref),

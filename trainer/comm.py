@@ -89,16 +89,18 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], comm: Comm) -> No
     gradient of the global mean."""
     if comm.world_size == 1:
         return
-    params = [p for p in params if p.requires_grad]
+    grads = []
     for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+    flat = torch.cat([g.reshape(-1) for g in grads])
     comm.all_reduce_sum(flat)
     offset = 0
-    for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
         offset += n
 
 

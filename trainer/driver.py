@@ -195,6 +195,7 @@ class Driver:
             adv = compute_advantages(batch, cfg.ppo, self.kl.coef, group)
             # Positive samples (for the SFT losses) are the positively rewarded ones: after
             # normalisation, those better than the batch average (GRPO: than their group's).
+            assert adv.batch.rewards is not None  # step 4 scored every sample
             batch = adv.batch.replace(positive=adv.batch.rewards > 0)
 
         # 7. Train the policy (sharded) and the critic together; then adapt the KL coefficient

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers import LlamaForCausalLM
 
 from rlpulse.trainer import ppo
 from rlpulse.trainer.batch import RolloutBatch
@@ -48,7 +48,7 @@ def _on(batch: RolloutBatch, device: torch.device) -> tuple[Tensor, Tensor, Tens
 class PolicyTrainer:
     """A policy replica, its optimizer, and the ranks it averages gradients with."""
 
-    def __init__(self, model: PreTrainedModel, cfg: PPOConfig, comm: Comm) -> None:
+    def __init__(self, model: LlamaForCausalLM, cfg: PPOConfig, comm: Comm) -> None:
         self.model, self.cfg, self.comm = model, cfg, comm
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.actor_lr)
 
@@ -92,6 +92,7 @@ class PolicyTrainer:
                 if cfg.entropy_coef == 0:
                     entropy = entropy.detach()  # measured, not optimised
                 positive = _positive(mb).to(device)
+                assert mb.old_log_probs is not None and mb.advantages is not None
                 nll = -log_probs
                 out = ppo.policy_loss(
                     log_probs,

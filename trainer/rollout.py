@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from rlpulse.trainer.batch import RolloutBatch
 from rlpulse.trainer.model import token_log_probs
@@ -61,7 +61,7 @@ def assemble_batch(
     resp_mask = torch.zeros(batch_size, max_new_tokens)
     rollout_lp = None if log_probs is None else torch.zeros(batch_size, max_new_tokens)
     truncated = torch.zeros(batch_size, dtype=torch.bool)
-    texts = []
+    texts: list[str] = []
     for i, tokens in enumerate(responses):
         tokens = list(tokens)[:max_new_tokens]
         if eos in tokens:
@@ -75,7 +75,7 @@ def assemble_batch(
                 list(log_probs[i])[: len(tokens)], dtype=torch.float32
             )
         body = tokens[:-1] if not truncated[i] else tokens
-        texts.append(tokenizer.decode(body, skip_special_tokens=True))
+        texts.append(str(tokenizer.decode(body, skip_special_tokens=True)))
     batch = RolloutBatch(
         input_ids=torch.cat([prompt_ids, resp], dim=1),
         attention_mask=torch.cat([prompt_mask.float(), resp_mask], dim=1),
@@ -88,7 +88,7 @@ def assemble_batch(
 
 @torch.no_grad()
 def generate_hf(
-    model: PreTrainedModel,
+    model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     *,

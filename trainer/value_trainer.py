@@ -53,6 +53,7 @@ class ValueTrainer:
         dev = self.device
         for _ in range(cfg.epochs):
             for mb in shard.split(cfg.mini_batches):
+                assert mb.values is not None and mb.returns is not None, "critic needs both"
                 mask = mb.loss_mask.to(dev)
                 scale = ppo.AggScale.of(mask, all_reduce=self.comm.all_reduce_sum)
                 if scale.tokens == 0:

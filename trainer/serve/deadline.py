@@ -56,8 +56,9 @@ class RequestDeadlineProtocol(H11Protocol):
     request_timeout_s: ClassVar[float] = 30.0
     max_connections: ClassVar[int] = 256
     _deadline: asyncio.TimerHandle | None = None
-    on_refused: ClassVar[Callable[[], None] | None] = None
-    """Called for each connection refused (the server counts it)."""
+    on_refused: ClassVar[tuple[Callable[[], None], ...]] = ()
+    """Called for each connection refused (the server counts it); a tuple, so that reading it
+    through ``self`` does not bind it as a method."""
     _refused: ClassVar[list[float]] = [0, -REFUSED_LOG_S]
     """Connections refused since the last log line, and when that was (one server a process)."""
 
@@ -77,7 +78,7 @@ class RequestDeadlineProtocol(H11Protocol):
         attrs = {
             "request_timeout_s": float(seconds),
             "max_connections": int(max_connections),
-            "on_refused": staticmethod(on_refused) if on_refused is not None else None,
+            "on_refused": (on_refused,) if on_refused is not None else (),
         }
         return type(cls.__name__, (cls,), attrs)
 
@@ -99,8 +100,8 @@ class RequestDeadlineProtocol(H11Protocol):
         ).encode()
         self.transport.write(_REFUSED % (len(body), body))
         self.transport.close()
-        if self.on_refused is not None:
-            self.on_refused()
+        for hook in self.on_refused:
+            hook()
         refused = self._refused
         refused[0] += 1
         now = self.loop.time()
