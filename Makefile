@@ -91,7 +91,7 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy -p rlpulse
 
 clean:
 	rm -rf $(VENV) $(IVENV) $(WHEELHOUSE) $(GPU_STAGE) runs out .pytest_cache
