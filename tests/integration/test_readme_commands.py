@@ -335,3 +335,30 @@ def test_no_benchmark_or_script_writes_the_readme() -> None:
             text = path.read_text(errors="replace")
             assert not re.search(r"README\.md\W*\)?\s*\.(write_text|open)", text), path
             assert '"README.md"' not in text and "'README.md'" not in text, path
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
+    """The README and docs/ link each other and the repository's files: every relative link
+    names a file or folder that exists, and every ``#anchor`` a heading of its page."""
+
+    def anchors(page: Path) -> set[str]:
+        text = page.read_text()
+        found = set()
+        for line in re.findall(r"^#{1,6} (.*)$", FENCE.sub("", text), flags=re.M):
+            slug = re.sub(r"[^\w\- ]", "", line.strip().lower()).replace(" ", "-")
+            found.add(slug)
+        return found
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
