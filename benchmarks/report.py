@@ -803,7 +803,7 @@ def section_gpu(
         "## 8. On a GPU",
         "",
         "Not from this `make bench` run (no GPU here): the last runs of `bash "
-        'scripts/gpu-check.sh` (README, "On a GPU") on GPU machines lent to a session, '
+        'scripts/gpu-check.sh` (docs/producer.md, "On a GPU") on GPU machines lent to a session, '
         "their results kept in `benchmarks/results/gpu_check.json`:",
         "",
         *[

@@ -24,13 +24,13 @@ from rlpulse.schemas.errors import ConfigError
 PROG = "python -m rlpulse.collector"
 
 
-def keygen(argv: list[str]) -> int:
+def keygen(argv: list[str], prog: str = f"{PROG} keygen") -> int:
     """``python -m rlpulse.collector keygen DIR NAME``: a CurveZMQ key pair for the collector or a
     worker (``NAME.key`` is public: copy it to the other side; ``NAME.key_secret`` is not).
     Existing keys are never replaced unless ``--force`` is given."""
     import zmq.auth
 
-    parser = argparse.ArgumentParser(prog=f"{PROG} keygen", description=keygen.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=keygen.__doc__)
     parser.add_argument("directory")
     parser.add_argument("name")
     parser.add_argument(
@@ -45,7 +45,7 @@ def keygen(argv: list[str]) -> int:
     ]
     if existing and not args.force:
         print(
-            f"{PROG} keygen: {', '.join(map(str, existing))} already exists; refusing to "
+            f"{prog}: {', '.join(map(str, existing))} already exists; refusing to "
             "overwrite a key pair that clients or the collector may be using "
             "(pass --force to replace it)",
             file=sys.stderr,
@@ -54,7 +54,7 @@ def keygen(argv: list[str]) -> int:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"{PROG} keygen: cannot create {directory}: {exc.strerror}", file=sys.stderr)
+        print(f"{prog}: cannot create {directory}: {exc.strerror}", file=sys.stderr)
         return 2
     public, secret = zmq.auth.create_certificates(str(directory), args.name)
     Path(secret).chmod(0o600)

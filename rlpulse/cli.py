@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 
 USAGE = __doc__.split("\n\n")[1]
+PROG = "rlpulse"
+"""The command's name, as every tool's ``--help`` and messages show it: what a user types."""
 
 
 def _collector(argv: list[str]) -> int:
@@ -31,7 +33,7 @@ def _collector(argv: list[str]) -> int:
 def _keygen(argv: list[str]) -> int:
     from rlpulse.collector.__main__ import keygen
 
-    return keygen(argv)
+    return keygen(argv, prog=f"{PROG} keygen")
 
 
 def _register(argv: list[str]) -> int:
@@ -46,7 +48,7 @@ def _run_tool(name: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         from rlpulse.runtools.cli import main
 
-        return main([name, *argv])
+        return main([name, *argv], prog=PROG)
 
     return run
 
@@ -84,13 +86,12 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(f"usage: rlpulse COMMAND [ARGS]\n\n{USAGE}", file=sys.stdout if argv else sys.stderr)
+        print(f"usage: {PROG} COMMAND [ARGS]\n\n{USAGE}", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command = COMMANDS.get(argv[0])
     if command is None:
         print(
-            f"rlpulse: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} "
-            "(rlpulse --help)",
+            f"{PROG}: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} ({PROG} --help)",
             file=sys.stderr,
         )
         return 2

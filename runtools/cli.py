@@ -33,7 +33,7 @@ from rlpulse.runtools.compare import (
     render,
     table,
 )
-from rlpulse.runtools.report import ReportError, draw_report
+from rlpulse.runtools.report import ReportError, draw_report, own_names
 from rlpulse.runtools.runs import Run, RunFileError, load_run, load_runs
 from rlpulse.runtools.timeline import draw_timeline, load_trace, parse_steps
 from rlpulse.schemas.spans import trace_path
@@ -52,9 +52,11 @@ def _report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     _warn_repeats(run, "report", stderr)
     out = Path(args.out) if args.out else _default_png(Path(args.jsonl), args.run)
     panels = draw_report(run, out)
-    drawn = sum(1 for p in panels if p.names)
+    drawn = [p for p in panels if p.names]
+    own = sum(1 for p in drawn if p.names[0] in own_names(run))
     print(
-        f"{out}: {run.name}, {len(run.steps)} steps, {drawn}/{len(panels)} panels with data",
+        f"{out}: {run.name}, {len(run.steps)} steps, {len(drawn) - own} catalog panels with "
+        f"data, {own} of the run's own names",
         file=stdout,
     )
     return 0
@@ -140,10 +142,9 @@ def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="python -m rlpulse.collector", description=__doc__.split("\n")[0]
-    )
+def parser(prog: str = "rlpulse") -> argparse.ArgumentParser:
+    """The ``report`` and ``compare`` commands under ``prog`` (what ``--help`` shows)."""
+    top = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = top.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="a PNG of one run's main curves")
     rep.add_argument("jsonl", help="the run's jsonl output (the jsonl sink's file)")
@@ -183,11 +184,17 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: list[str], stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    """Run ``report`` or ``compare`` (``argv[0]``); 0 on success, 2 on bad input."""
+def main(
+    argv: list[str],
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    prog: str = "rlpulse",
+) -> int:
+    """Run ``report`` or ``compare`` (``argv[0]``); 0 on success, 2 on bad input. ``prog``
+    is the command's name in ``--help`` (``rlpulse.cli.PROG``)."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    args = parser().parse_args(argv)
+    args = parser(prog).parse_args(argv)
     try:
         if args.command == "report":
             return _report(args, stdout, stderr)

@@ -1,9 +1,11 @@
 """A PNG of one run's main curves: score and reward, KL, entropy, clip fractions, lengths,
 throughput, and GPU and CPU memory by phase and device.
 
-Panels name catalog entries (``rlpulse.schemas.metrics``), never spelled-out strings. A panel whose
-metrics the run never logged says so instead of disappearing, so a report always has the same
-layout. matplotlib is imported only when a report is drawn (the ``report`` extra), and only its
+Panels name catalog entries (``rlpulse.schemas.metrics``), never spelled-out strings. A catalog
+panel whose metrics the run never logged is left out of the picture and named in its title
+("not logged: KL, ..."). Names the catalog does not know (a job's own, ``my/reward_bonus``)
+get panels of their own, grouped by their first path segment, so a job that logs only its own
+names still gets its curves. matplotlib is imported only when a report is drawn (the ``report`` extra), and only its
 object API is used (no pyplot, no global backend switch): the Agg canvas renders the PNG.
 
 >>> from rlpulse.runtools.runs import Run
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpulse.extras import MissingExtra, needs_extra
 from rlpulse.runtools.runs import Run
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.catalog import Entry
@@ -48,6 +51,12 @@ class Panel:
     names: tuple[str, ...]
     labels: tuple[str, ...]
     trend: bool = False  # also draw a rolling mean of the first curve
+
+
+OWN_PER_PANEL = 6
+"""Curves in a panel of the run's own names."""
+MAX_OWN_PANELS = 12
+"""Panels of the run's own names at most; the names beyond are counted in the title."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ SPECS: tuple[_Spec, ...] = (
 
 
 def plan(run: Run) -> list[Panel]:
-    """What :func:`draw_report` puts in each panel for ``run`` (empty ``names``: not logged)."""
+    """The catalog's panels for ``run`` (empty ``names``: not logged), then :func:`own_panels`."""
     panels = []
     for spec in SPECS:
         picked = spec.pick(run)
@@ -141,7 +150,28 @@ def plan(run: Run) -> list[Panel]:
                 spec.trend,
             )
         )
-    return panels
+    return panels + own_panels(run)
+
+
+def own_names(run: Run) -> list[str]:
+    """The names ``run`` logged that the catalog does not know, sorted."""
+    return sorted(name for name in run.series if name not in M.CATALOG)
+
+
+def own_panels(run: Run) -> list[Panel]:
+    """Panels of the run's own names: one per first path segment (``my/...``), at most
+    ``OWN_PER_PANEL`` curves each, at most ``MAX_OWN_PANELS`` in all."""
+    groups: dict[str, list[str]] = {}
+    for name in own_names(run):
+        groups.setdefault(name.split("/")[0], []).append(name)
+    panels = []
+    for prefix, names in groups.items():
+        for i in range(0, len(names), OWN_PER_PANEL):
+            chunk = tuple(names[i : i + OWN_PER_PANEL])
+            part = f" ({i // OWN_PER_PANEL + 1})" if len(names) > OWN_PER_PANEL else ""
+            title = f"{prefix}/*{part}" if any("/" in n for n in chunk) else "own names"
+            panels.append(Panel(title, "", chunk, chunk))
+    return panels[:MAX_OWN_PANELS]
 
 
 def rolling_mean(values: Sequence[float], window: int) -> list[float]:
@@ -162,17 +192,27 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
 def draw_report(run: Run, path: str | Path, *, columns: int = 2) -> list[Panel]:
     """Draw ``run`` into the PNG ``path``; returns the panels drawn."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ReportError("the report needs matplotlib: pip install 'rlpulse[report]'") from None
-    panels = plan(run)
+        with needs_extra("report", "the report"):
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+    except MissingExtra as exc:
+        raise ReportError(str(exc)) from None
+    everything = plan(run)
+    panels = [p for p in everything if p.names]
+    missing = [p.title for p in everything if not p.names]
+    left = len(own_names(run)) - sum(len(p.names) for p in own_panels(run))
+    if not panels:  # nothing to draw: one empty panel that says so
+        panels = [Panel("nothing logged", "", (), ())]
     rows = -(-len(panels) // columns)
     fig = Figure(figsize=(6.0 * columns, 3.2 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     partial = f", {run.partial} partial" if run.partial else ""
     span = f"steps {run.steps[0]}-{run.steps[-1]}" if run.steps else "no steps"
-    fig.suptitle(f"{run.name}: {len(run.steps)} steps ({span}{partial})")
+    notes = [f"not logged: {', '.join(missing)}"] if missing else []
+    if left > 0:
+        notes.append(f"{left} more names of the run's own not drawn")
+    title = f"{run.name}: {len(run.steps)} steps ({span}{partial})"
+    fig.suptitle("\n".join([title, *notes]), fontsize="medium")
     for index, panel in enumerate(panels):
         ax = fig.add_subplot(rows, columns, index + 1)
         ax.set_title(panel.title)

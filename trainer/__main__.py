@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from rlpulse.extras import MissingExtra, needs_extra
 from rlpulse.producer.env import RESUME_VAR
 from rlpulse.trainer.config import ConfigError, load_config
 
@@ -66,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from rlpulse.trainer.driver import RolloutLost
-    from rlpulse.trainer.rollout_vllm import EngineError
-    from rlpulse.trainer.run import claim_run, train
+    try:
+        with needs_extra("trainer", "rlpulse train"):
+            from rlpulse.trainer.driver import RolloutLost
+            from rlpulse.trainer.rollout_vllm import EngineError
+            from rlpulse.trainer.run import claim_run, train
+    except MissingExtra as exc:
+        print(f"trainer: {exc}", file=sys.stderr)
+        return 2
 
     claimed = claim_run(cfg, resume=args.resume)
     cfg = claimed.cfg

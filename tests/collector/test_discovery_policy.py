@@ -136,7 +136,7 @@ def test_sd_targets_round_trips_through_the_yaml_form() -> None:
 
 
 def test_the_readme_example_is_a_valid_sd_targets() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
     (block,) = re.findall(r"```yaml\n(sd_targets:.*?)```", readme, re.S)
     config = CollectorConfig.from_mapping(yaml.safe_load(block))
     assert config.target_policy.refusal("http://10.0.0.7:8000/metrics") is None

@@ -1,7 +1,7 @@
 """``rlpulse.collector.onray`` run the way a user runs it (issue 21): a driver script per run, each
 starting a fresh local Ray cluster, so every run's Ray job id is ``01000000``.
 
-* the README's ``RayCollectors`` snippet, as written: ``collectors.stop()`` right after the
+* the ``RayCollectors`` snippet of docs/runs-and-relays.md, as written: ``collectors.stop()`` right after the
   workers finish must forward and write every step (it kept them in the state directory);
 * two runs in a row with the same ``state_root`` and run name: the second must write its own
   steps (it inherited the first's state, keyed by the job id, and wrote nothing).
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.docs import doc_block
 
 pytest.importorskip("ray")
 
@@ -66,10 +67,10 @@ EPILOGUE = textwrap.dedent(
 
 
 def readme_snippet() -> str:
-    """The Python block of the README's "On Ray" section."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("#### On Ray: a relay per node, found by the workers")
-    return re.findall(r"```python\n(.*?)```", text[start:], flags=re.S)[0]
+    """The Python block of the "On Ray" section (docs/runs-and-relays.md)."""
+    return doc_block(
+        "docs/runs-and-relays.md", "### On Ray: a relay per node, found by the workers", "python"
+    )
 
 
 def with_workers(snippet: str) -> str:

@@ -1,15 +1,16 @@
-"""A real collector writing JSON lines, and the README's code blocks, for the integration tests."""
+"""A real collector writing JSON lines, and docs/integrations.md's code blocks, for the integration
+tests."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from rlpulse.collector.launch import CollectorProcess, start_collector
+from tests.docs import doc_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,10 +39,11 @@ def records(path: Path) -> dict[int, dict]:
     return by_step
 
 
+INTEGRATIONS_DOC = "docs/integrations.md"
+
+
 def readme_block(heading: str, lang: str = "python", index: int = 0) -> str:
-    """The ``index``-th ``lang`` code block under the README heading ``heading``."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"\n{heading}\n")
-    following = re.compile(r"\n#{2,4} ").search(text, start + len(heading) + 1)
-    section = text[start : following.start() if following else None]
-    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)[index]
+    """The ``index``-th ``lang`` code block under ``heading`` of docs/integrations.md, where the
+    README's verl and TRL sections moved (the README keeps their first blocks, kept equal to
+    these by tests/integration/test_readme_commands.py)."""
+    return doc_block(INTEGRATIONS_DOC, heading, lang, index)

@@ -12,7 +12,7 @@ import pytest
 
 from rlpulse.runtools.cli import main
 from rlpulse.runtools.compare import render, table
-from rlpulse.runtools.report import plan
+from rlpulse.runtools.report import own_names, own_panels, plan
 from rlpulse.runtools.runs import RunFileError, load_run, load_runs
 from rlpulse.schemas import metrics as M
 
@@ -78,7 +78,7 @@ def test_report_draws_a_png_with_every_panel_the_run_has_data_for(tmp_path: Path
     code, stdout, _ = run_cli("report", str(PPO), "--out", str(out))
     assert code == 0, stdout
     assert png_size(out) == (1200, 1280)
-    assert "7/8 panels with data" in stdout
+    assert "7 catalog panels with data, 0 of the run's own names" in stdout
     panels = {p.title: p.names for p in plan(load_run(PPO))}
     gpu = M.MEMORY_GPU.format(
         cluster="actor_train",
@@ -112,7 +112,42 @@ def test_report_on_the_demo_output_uses_its_default_path(tmp_path: Path) -> None
         "actor_train/train_step rss",
         "critic/compute_values rss",
     )
-    assert panels["KL"] == ()  # the demo logs no KL: the panel says "not logged"
+    assert panels["KL"] == ()  # the demo logs no KL: left out, named in the title
+
+
+def test_report_draws_the_runs_own_names_and_leaves_out_empty_panels(tmp_path: Path) -> None:
+    """A job that logs names of its own (issue 40: its report was eight "not logged" panels):
+    its names are drawn, grouped by their first segment, and the catalog panels without data
+    are left out of the picture."""
+    jsonl = tmp_path / "own.jsonl"
+    names = [f"my/loss_{i}" for i in range(8)] + ["eval/accuracy", "bare"]
+    jsonl.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "run": "own",
+                    "step": step,
+                    "metrics": {n: float(step + i) for i, n in enumerate(names)}
+                    | {M.ACTOR_CLIPFRAC.name: 0.1},
+                }
+            )
+            + "\n"
+            for step in range(4)
+        )
+    )
+    run = load_run(jsonl)
+    assert own_names(run) == sorted(names)
+    own = {p.title: p.names for p in own_panels(run)}
+    assert list(own) == ["own names", "eval/*", "my/* (1)", "my/* (2)"]
+    assert own["my/* (1)"] == tuple(sorted(names[:8])[:6])
+    assert own["my/* (2)"] == tuple(sorted(names[:8])[6:])
+    assert own["eval/*"] == ("eval/accuracy",)
+    assert own["own names"] == ("bare",)
+    out = tmp_path / "own.png"
+    code, stdout, _ = run_cli("report", str(jsonl), "--out", str(out))
+    assert code == 0
+    assert "1 catalog panels with data, 4 of the run's own names" in stdout
+    assert png_size(out) == (1200, 960)  # 5 panels drawn, in 3 rows: no empty catalog panels
 
 
 EXPECTED_MARKDOWN = """\

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from rlpulse.extras import MissingExtra, needs_extra
 from rlpulse.producer import ADDRESS_VAR, NullProducer, Producer
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.topology import SERVE
@@ -105,13 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # Heavy imports (torch, transformers, uvicorn) only once the arguments are known good.
-    import torch
-    import uvicorn
+    try:
+        with needs_extra("serve", "rlpulse serve"):
+            import torch
+            import uvicorn
 
-    from rlpulse.trainer.serve.app import Server, create_app
-    from rlpulse.trainer.serve.deadline import RequestDeadlineProtocol
-    from rlpulse.trainer.serve.engine import Engine
-    from rlpulse.trainer.serve.telemetry import MetricsProducer
+            from rlpulse.trainer.serve.app import Server, create_app
+            from rlpulse.trainer.serve.deadline import RequestDeadlineProtocol
+            from rlpulse.trainer.serve.engine import Engine
+            from rlpulse.trainer.serve.telemetry import MetricsProducer
+    except MissingExtra as exc:
+        print(f"trainer.serve: {exc}", file=sys.stderr)
+        return 2
 
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
