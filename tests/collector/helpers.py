@@ -10,6 +10,9 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.schemas import CATALOG, Summary, protocol as P, protocol_v1 as V1
 from rlpulse.schemas.record import StepRecord
 
+TIMING = {"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0}
+"""The aggregator timing most tests use: grace 30 s, liveness 10 s, no settle."""
+
 
 def hello(
     pid: int, run: str = "r", role: str = "actor_train", rank: int = 0, ws: int = 1
@@ -36,7 +39,7 @@ class Harness:
 
     def __init__(self, **kwargs) -> None:
         self.records: list[StepRecord] = []
-        config = CollectorConfig(**{"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0, **kwargs})
+        config = CollectorConfig(**{**TIMING, **kwargs})
         self.agg = Aggregator(self.records.append, config)
         self.now = 0.0
 

@@ -12,10 +12,9 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import metrics
+from tests.collector.helpers import TIMING, metrics
 
 URL = "http://10.0.0.7:8000/metrics"
-TIMING = {"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0}
 
 
 def hello(pid: int, role: str = "rollout", rank: int = 0, ws: int = 1, **kw: Any) -> P.Hello:

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rlpulse.collector.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import Harness, hello, metrics
-from tests.collector.test_relay_tiers import TIMING, Relay, Tiers
+from tests.collector.helpers import TIMING, Harness, hello, metrics
+from tests.collector.tiers import Relay, Tiers
 
 ADV = M.CRITIC_ADVANTAGES.name
 """Samples: pooled mean, max and min."""

@@ -14,7 +14,7 @@ from rlpulse.producer.sketch import sketch_value
 from rlpulse.schemas import metrics as M, protocol as P, sketch as S
 from rlpulse.schemas.messages import TableDecl
 from rlpulse.schemas.reductions import Reduction
-from tests.collector.test_relay_tiers import Tiers
+from tests.collector.tiers import Tiers
 
 ADV, LOSS = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name
 RANKS, TOKENS = 8, 1_000_000

@@ -13,7 +13,7 @@ from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import Span
 from tests.collector.helpers import hello, metrics
-from tests.collector.test_relay_tiers import Tiers
+from tests.collector.tiers import Tiers
 
 TOTAL, EXECUTE = (
     M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part=p)
