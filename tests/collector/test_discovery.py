@@ -12,7 +12,7 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import TIMING, metrics
+from tests.collector.helpers import TIMING, Declaring, metrics
 
 URL = "http://10.0.0.7:8000/metrics"
 
@@ -137,8 +137,9 @@ def test_an_endpoint_only_producer_is_listed_but_never_waited_for() -> None:
     # Two rollout engines registered with logs=False, and one training rank.
     agg.handle(hello(10, rank=0, ws=2, metrics_url=URL, logs=False), 0.0)
     agg.handle(hello(11, rank=1, ws=2, metrics_url="http://h2:8000/metrics", logs=False), 0.0)
-    agg.handle(hello(1, role="actor_train"), 0.0)
-    agg.handle(metrics(1, 0, {"time/rollout": 2.0}), 0.0)
+    feed = Declaring(agg)
+    feed.handle(hello(1, role="actor_train"), 0.0)
+    feed.handle(metrics(1, 0, {"time/rollout": 2.0}), 0.0)
     agg.handle(P.Done(1, 2, 0), 0.0)
     agg.poll(0.1)
     (record,) = out

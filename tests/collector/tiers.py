@@ -14,7 +14,7 @@ from rlpulse.collector.relay import Relay as RelayOutput, RelayRecord
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.messages import Member, TableDecl
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import TIMING
+from tests.collector.helpers import TIMING, Declaring
 
 
 class Relay:
@@ -24,6 +24,7 @@ class Relay:
         config = CollectorConfig(upstream="tcp://127.0.0.1:1", trackers={}, **TIMING)  # type: ignore[arg-type]
         self.relay = RelayOutput(relay_id)
         self.agg = Aggregator(self._forward, config, output=self.relay)
+        self.feed = Declaring(self.agg)
         self.root, self.clock = root, clock
         self.tables: dict[int, TableDecl] = {}
         self.members: dict[int, Member] = {}
@@ -63,11 +64,14 @@ class Tiers:
             "A": Relay(0xA, self.root, self.clock),
             "B": Relay(0xB, self.root, self.clock),
         }
+        self.ref_feed = Declaring(self.ref)
 
     def send(self, via: str, *msgs: P.Message) -> None:
+        """``msgs`` to relay ``via`` and to the reference, each after the hello that declares
+        its tables (``Declaring``: one for each relay, one for the reference)."""
         for m in msgs:
-            self.relays[via].agg.handle(m, self.clock[0])
-            self.ref.handle(m, self.clock[0])
+            self.relays[via].feed.handle(m, self.clock[0])
+            self.ref_feed.handle(m, self.clock[0])
         self.poll()
 
     def poll(self) -> None:
