@@ -14,6 +14,7 @@ from rlpulse.collector.segmentlog import HEADER
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 from tests.integration.collectors import Daemon, Refused, Setup
+from tests.support.segments import segment_records
 
 
 def producer(setup: Setup, rank: int, world_size: int) -> Producer:
@@ -29,18 +30,6 @@ def producer(setup: Setup, rank: int, world_size: int) -> Producer:
 
 def value(rank: int, step: int) -> float:
     return 10.0 * step + rank
-
-
-def records(path: Path) -> list[tuple[int, int]]:
-    """(offset, size) of every record in a segment file."""
-    data, out, offset = path.read_bytes(), [], 0
-    while offset + HEADER.size <= len(data):
-        length, _ = HEADER.unpack_from(data, offset)
-        if offset + HEADER.size + length > len(data):
-            break
-        out.append((offset, HEADER.size + length))
-        offset += HEADER.size + length
-    return out
 
 
 def flip(path: Path, offset: int) -> None:
@@ -72,13 +61,13 @@ def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path,
 
     wal = last_segment(setup.state / "wal")
     cut = json.loads((setup.state / "checkpoint.json").read_text())["wal"]
-    needed = [(o, n) for o, n in records(wal) if o >= cut[1]]
+    needed = [(o, n) for o, n in segment_records(wal) if o >= cut[1]]
     assert needed, "no open step in the log: nothing to damage"
     if damage == "flip":  # one byte inside the first record open steps need
         offset, size = needed[0]
         flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
     elif damage == "flip_before_cut":  # issue 38, item 1: a record no open step needs
-        before = [(o, n) for o, n in records(wal) if o + n <= cut[1]]
+        before = [(o, n) for o, n in segment_records(wal) if o + n <= cut[1]]
         assert before, "nothing before the checkpoint's cut in the last segment"
         offset, size = before[-1]
         flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
@@ -137,7 +126,7 @@ def test_a_damaged_outbox_tail_neither_stalls_a_sink_nor_repeats_steps(tmp_path,
     collector.kill()
 
     outbox = last_segment(setup.state / "outbox")
-    offset, size = records(outbox)[-1]
+    offset, size = segment_records(outbox)[-1]
     if damage == "flip":
         flip(outbox, offset + size - 5)
     else:
