@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.launch import CollectorProcess, start_collector
 from rlpulse.producer import Producer
 from tests.support.net import free_port
+from tests.support.prom import scrape
 from tests.support.waiting import eventually
 
 REFUSED = "rlpulse_collector_scrape_targets_refused_total"
@@ -35,12 +35,7 @@ def get(url: str) -> str:
 
 def refused(port: int) -> float:
     """The refusal counter on the collector's /metrics (KeyError when it is not there)."""
-    samples = {
-        s.name: s.value
-        for family in text_string_to_metric_families(get(f"http://127.0.0.1:{port}/metrics"))
-        for s in family.samples
-    }
-    return samples[REFUSED]
+    return scrape(port)[REFUSED]
 
 
 def sd(port: int) -> list[str]:
