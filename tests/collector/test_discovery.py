@@ -12,13 +12,15 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord
+from tests.collector import helpers
 from tests.collector.helpers import TIMING, Declaring, metrics
 
 URL = "http://10.0.0.7:8000/metrics"
 
 
 def hello(pid: int, role: str = "rollout", rank: int = 0, ws: int = 1, **kw: Any) -> P.Hello:
-    return P.Hello(pid, 1, "r", role, rank, ws, f"node-{pid}", 1, **kw)
+    """A rollout engine's hello by default, from host ``node-<pid>``."""
+    return helpers.hello(pid, role=role, rank=rank, ws=ws, host=f"node-{pid}", **kw)
 
 
 def listed(agg: Aggregator, now: float) -> list[tuple[str, str, int]]:
