@@ -7,7 +7,7 @@ import pytest
 
 from rlpulse.collector.aggregator import Aggregator
 from rlpulse.schemas import Summary, metrics as M, protocol as P
-from tests.collector.helpers import Harness, hello, metrics
+from tests.collector.helpers import Harness, hello, metrics, table
 
 ADV = M.CRITIC_ADVANTAGES.name
 LOSS = M.ACTOR_PG_LOSS.name
@@ -256,9 +256,14 @@ def test_where_a_restarted_rank_resumes_survives_a_checkpoint() -> None:
     """A checkpoint keeps what a new process's predecessor had finished (taken before its
     first step) and the steps it skipped (taken after): a collector restored from it, whose
     open steps are rebuilt from the write-ahead log, still emits the skipped step partial."""
-    h = Harness()
-    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
-    h.send(metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0), hello(3, rank=0, ws=2))
+    h = Harness()  # each hello declares the table of the data its process logs
+    h.send(
+        hello(1, rank=0, ws=2, tables=[table([LOSS])]),
+        hello(2, rank=1, ws=2, tables=[table([LOSS])]),
+    )
+    h.send(
+        metrics(1, 0, {LOSS: 1.0}), P.Done(1, 2, 0), hello(3, rank=0, ws=2, tables=[table([LOSS])])
+    )
     before_first = h.agg.snapshot()
     restored = Harness()
     restored.agg.restore(before_first, 0.0)
@@ -288,15 +293,24 @@ def test_a_restored_collector_keeps_a_replaced_ranks_finished_step() -> None:
     not 2.0). It must come out as it would have without the restart."""
     rank0_old = (metrics(1, 0, {LOSS: 1.0}), metrics(1, 0, {LOSS: 2.0}), P.Done(1, 2, 0))
     rank0_old += (metrics(1, 1, {LOSS: 1.5}),)  # then it dies
-    rank0_new = (hello(3, rank=0, ws=2), metrics(3, 0, {LOSS: 99.0}), metrics(3, 1, {LOSS: 7.0}))
+    rank0_new = (
+        hello(3, rank=0, ws=2, tables=[table([LOSS])]),
+        metrics(3, 0, {LOSS: 99.0}),
+        metrics(3, 1, {LOSS: 7.0}),
+    )
     rest = (metrics(2, 0, {LOSS: 3.0}), P.Done(2, 2, 0), metrics(2, 1, {LOSS: 5.0}))
     rest += (P.Done(2, 3, 1), P.Done(3, 3, 1))
 
     def emitted(h: Harness) -> list[tuple]:
         return [(r.step, r.partial, r.ranks, r.metrics[LOSS]) for r in h.records]
 
-    h = Harness()
-    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2), *rank0_old, *rank0_new)
+    h = Harness()  # each hello declares the table of the data its process logs
+    h.send(
+        hello(1, rank=0, ws=2, tables=[table([LOSS])]),
+        hello(2, rank=1, ws=2, tables=[table([LOSS])]),
+        *rank0_old,
+        *rank0_new,
+    )
     restored = Harness()
     restored.agg.restore(h.agg.snapshot(), 0.0)
     for msg in (*rank0_old, *rank0_new):  # the log from step 0's first data on

@@ -14,17 +14,10 @@ from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.messages import TableDecl
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.values import Summary
+from tests.collector.helpers import hello
 
 ADV, LOSS, LR = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name, M.ACTOR_LR.name
 TABLE = TableDecl(0, [ADV, LOSS, LR], bytes([1, 1, 6]))
-
-
-def hello(pid: int, rank: int, ws: int) -> P.Message:
-    return P.decode(
-        P.encode_hello(
-            pid, 1, run="r", role="actor_train", rank=rank, world_size=ws, tables=[TABLE]
-        )
-    )
 
 
 def rows(*states: Summary) -> bytes:
@@ -51,7 +44,7 @@ def test_ranks_merge_exactly_through_tables_and_folded_dones() -> None:
     h = Harness()
     rng = np.random.default_rng(5)
     samples = {r: rng.normal(r, 2.0, int(rng.integers(3, 3000))) for r in range(4)}
-    h.send(*(hello(10 + r, r, 4) for r in range(4)))
+    h.send(*(hello(10 + r, rank=r, ws=4, tables=[TABLE]) for r in range(4)))
     h.send(
         *(
             metrics(
@@ -84,7 +77,7 @@ def test_ranks_merge_exactly_through_tables_and_folded_dones() -> None:
 
 def test_an_undeclared_table_and_impossible_rows_are_counted_the_rest_merged() -> None:
     h = Harness()
-    h.send(hello(1, 0, 2), hello(2, 1, 2))
+    h.send(hello(1, rank=0, ws=2, tables=[TABLE]), hello(2, rank=1, ws=2, tables=[TABLE]))
     good = rows(Summary.of_scalar(1.0), Summary.of_weighted(2.0, 1), Summary.of_scalar(3.0))
     bad = rows(Summary(1.0, -5.0, 1.0, 1.0), Summary(), Summary.of_scalar(3.0))  # weight < 0
     h.send(
@@ -110,7 +103,7 @@ def test_entries_of_one_producer_across_batches_and_tables_pool_the_same() -> No
     results = []
     for batched in (True, False):
         h = Harness()
-        h.send(hello(1, 0, 1))
+        h.send(hello(1, rank=0, ws=1, tables=[TABLE]))
         msgs = [metrics(1, seq, 0, d) for seq, d in enumerate(data, start=1)]
         if batched:
             h.send(*msgs)

@@ -16,7 +16,6 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.schemas.errors import ConfigError
-from tests.certs import self_signed_pair
 
 
 @pytest.mark.parametrize(
@@ -55,11 +54,6 @@ def test_state_dir_that_is_a_file(tmp_path: Path) -> None:
     # a directory still to be made is fine: the daemon creates it
     fresh = tmp_path / "new" / "state"
     assert CollectorConfig.from_mapping({"state_dir": str(fresh)}).state_dir == str(fresh)
-
-
-@pytest.fixture(scope="module")
-def tls_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return self_signed_pair(tmp_path_factory.mktemp("tls"))
 
 
 def test_swapped_tls_files_are_named(tls_pair: tuple[Path, Path]) -> None:

@@ -12,14 +12,15 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import metrics
+from tests.collector import helpers
+from tests.collector.helpers import TIMING, Declaring, metrics
 
 URL = "http://10.0.0.7:8000/metrics"
-TIMING = {"grace_s": 30.0, "liveness_s": 10.0, "settle_s": 0.0}
 
 
 def hello(pid: int, role: str = "rollout", rank: int = 0, ws: int = 1, **kw: Any) -> P.Hello:
-    return P.Hello(pid, 1, "r", role, rank, ws, f"node-{pid}", 1, **kw)
+    """A rollout engine's hello by default, from host ``node-<pid>``."""
+    return helpers.hello(pid, role=role, rank=rank, ws=ws, host=f"node-{pid}", **kw)
 
 
 def listed(agg: Aggregator, now: float) -> list[tuple[str, str, int]]:
@@ -138,8 +139,9 @@ def test_an_endpoint_only_producer_is_listed_but_never_waited_for() -> None:
     # Two rollout engines registered with logs=False, and one training rank.
     agg.handle(hello(10, rank=0, ws=2, metrics_url=URL, logs=False), 0.0)
     agg.handle(hello(11, rank=1, ws=2, metrics_url="http://h2:8000/metrics", logs=False), 0.0)
-    agg.handle(hello(1, role="actor_train"), 0.0)
-    agg.handle(metrics(1, 0, {"time/rollout": 2.0}), 0.0)
+    feed = Declaring(agg)
+    feed.handle(hello(1, role="actor_train"), 0.0)
+    feed.handle(metrics(1, 0, {"time/rollout": 2.0}), 0.0)
     agg.handle(P.Done(1, 2, 0), 0.0)
     agg.poll(0.1)
     (record,) = out

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rlpulse.collector.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import Harness, hello, metrics
-from tests.collector.test_relay_tiers import TIMING, Relay, Tiers
+from tests.collector.helpers import TIMING, Harness, hello, metrics, table
+from tests.collector.tiers import Relay, Tiers
 
 ADV = M.CRITIC_ADVANTAGES.name
 """Samples: pooled mean, max and min."""
@@ -109,8 +109,10 @@ def runs(draw: st.DrawFn) -> tuple[int, int, list[Life], dict[int, set[int]]]:
 
 def stream(life: Life, world: int) -> tuple[list[P.Message], int]:
     """A process's messages in order (hello, then each step's calls and done), and how many
-    of them it sent before its successor started: up to its last ``done``, or its hello."""
+    of them it sent before its successor started: up to its last ``done``, or its hello. The
+    hello declares the tables of all its calls (positions in the stream stay one a message)."""
     out: list[P.Message] = [hello(life.pid, rank=life.rank, ws=world)]
+    tables: dict[int, P.TableDecl] = {}
     before = 1
     for k, c in enumerate(life.calls):
         values: dict[str, Summary | float] = {ADV: Summary.of_samples(c.samples)}
@@ -118,12 +120,15 @@ def stream(life: Life, world: int) -> tuple[list[P.Message], int]:
             values[LOSS] = Summary.of_weighted(*c.loss)
         if c.time is not None:
             values[TIME] = c.time
+        decl = table(list(values))
+        tables[decl.id] = decl
         bad = int(np.isnan(c.samples).sum())
         out.append(metrics(life.pid, c.step, values, nonfinite={ADV: bad} if bad else None))
         last = k + 1 == len(life.calls) or life.calls[k + 1].step != c.step
         if last and c.step in life.done:
             out.append(P.Done(life.pid, len(out), c.step))
             before = len(out)
+    out[0] = hello(life.pid, rank=life.rank, ws=world, tables=tables.values())
     return out, before
 
 

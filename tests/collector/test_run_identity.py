@@ -8,14 +8,10 @@ import numpy as np
 from rlpulse.collector.delivery import Delivery
 from rlpulse.schemas import Summary, protocol as P
 from rlpulse.schemas.metrics import CATALOG
-from tests.collector.helpers import Harness, metrics
+from tests.collector.helpers import Harness, hello, metrics, table
 
 ADV = "critic/advantages"
 assert CATALOG.resolve(ADV).reduction.name in ("MEAN", "DIST")  # its row pools as a mean
-
-
-def hello(pid: int, run: str = "r", rank: int = 0, ws: int = 2, resume: bool = False) -> P.Hello:
-    return P.Hello(pid, 1, run, "actor_train", rank, ws, "host", 1, resume=resume)
 
 
 def adv(values) -> dict:
@@ -26,10 +22,10 @@ def test_restarted_rank_mid_step_is_counted_once_and_exactly() -> None:
     """Rank 1 dies in step 1 after logging part of it; its restart logs step 1 in full. The
     step holds the restarted process's data, not both, and is complete with 2 ranks."""
     h = Harness()
-    h.send(hello(1, rank=0), hello(2, rank=1))
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
     h.send(metrics(1, 0, adv([1.0, 2.0])), metrics(2, 0, adv([3.0])))
     h.send(metrics(1, 1, adv([5.0])), metrics(2, 1, adv([7.0, 7.0, 7.0])))  # 2 dies here
-    h.send(hello(3, rank=1), metrics(3, 1, adv([9.0, 11.0])), P.Done(3, 2, 1))
+    h.send(hello(3, rank=1, ws=2), metrics(3, 1, adv([9.0, 11.0])), P.Done(3, 2, 1))
     h.send(P.Done(1, 2, 1))
     step0, step1 = h.records
     assert step0.metrics[f"{ADV}/mean"] == 2.0 and not step0.partial
@@ -42,9 +38,9 @@ def test_restart_that_skips_the_step_leaves_it_partial_naming_the_rank() -> None
     """The restarted rank goes on from the next step: the withdrawn step lacks its data, so
     it is emitted partial (at once, naming the rank), never complete."""
     h = Harness()
-    h.send(hello(1, rank=0), hello(2, rank=1))
+    h.send(hello(1, rank=0, ws=2), hello(2, rank=1, ws=2))
     h.send(metrics(1, 0, adv([1.0])), metrics(2, 0, adv([3.0])))
-    h.send(hello(3, rank=1), metrics(3, 1, adv([4.0])))  # finishes step 0 without its data
+    h.send(hello(3, rank=1, ws=2), metrics(3, 1, adv([4.0])))  # finishes step 0 without its data
     h.send(P.Done(1, 2, 0))
     (step0,) = h.records
     assert step0.partial and step0.missing == ("actor_train/1",)
@@ -92,9 +88,9 @@ def test_a_rank_joining_a_live_run_is_not_a_new_attempt() -> None:
     """Workers that live for a second: rank 0 finishes before rank 1 registers, within
     the liveness window: rank 1 joins the same run."""
     h = Harness()
-    h.send(hello(1, rank=0), metrics(1, 0, adv([1.0])), P.Bye(1, 2, {}))
+    h.send(hello(1, rank=0, ws=2), metrics(1, 0, adv([1.0])), P.Bye(1, 2, {}))
     h.now = 1.0
-    h.send(hello(2, rank=1), metrics(2, 0, adv([3.0])), P.Bye(2, 2, {}))
+    h.send(hello(2, rank=1, ws=2), metrics(2, 0, adv([3.0])), P.Bye(2, 2, {}))
     (rec,) = h.records
     assert rec.run == "r" and not rec.partial and rec.metrics[f"{ADV}/mean"] == 2.0
 
@@ -102,12 +98,20 @@ def test_a_rank_joining_a_live_run_is_not_a_new_attempt() -> None:
 def test_acks_carry_the_feedback() -> None:
     h = Harness()
     d = Delivery()
-    for msg in (hello(1, rank=0, ws=1), metrics(1, 0, adv([1.0])), P.Bye(1, 2, {})):
+    declared = [table([ADV])]  # each hello declares the table of its data (the data skips Harness)
+    for msg in (
+        hello(1, rank=0, ws=1, tables=declared),
+        metrics(1, 0, adv([1.0])),
+        P.Bye(1, 2, {}),
+    ):
         for m, _ in d.accept(msg, b"a"):
             h.agg.handle(m, 0.0)
     h.agg.poll(0.0)
     d.acks()
-    for msg in (hello(2, rank=0, ws=1), P.Metrics(2, 1, metrics(2, 0, adv([1.0])).entries)):
+    for msg in (
+        hello(2, rank=0, ws=1, tables=declared),
+        P.Metrics(2, 1, metrics(2, 0, adv([1.0])).entries),
+    ):
         for m, _ in d.accept(msg, b"b"):
             h.agg.handle(m, 0.0)
     (ack,) = [P.decode(a) for _, a in d.acks(h.agg.feedback)]

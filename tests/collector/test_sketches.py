@@ -14,16 +14,16 @@ from rlpulse.producer.sketch import sketch_value
 from rlpulse.schemas import metrics as M, protocol as P, sketch as S
 from rlpulse.schemas.messages import TableDecl
 from rlpulse.schemas.reductions import Reduction
-from tests.collector.test_relay_tiers import Tiers
+from tests.collector.helpers import hello
+from tests.collector.tiers import Tiers
 
 ADV, LOSS = M.CRITIC_ADVANTAGES.name, M.ACTOR_PG_LOSS.name
 RANKS, TOKENS = 8, 1_000_000
 BOUND = S.ALPHA * (1 + 1e-9)
 
 
-def hello(pid: int, rank: int) -> P.Hello:
-    decl = TableDecl(0, [ADV, LOSS], bytes([Reduction.MEAN, Reduction.MEAN]))
-    return P.Hello(pid, 1, "r", "actor_train", rank, RANKS, "host", 1, tables=[decl])
+DECL = TableDecl(0, [ADV, LOSS], bytes([Reduction.MEAN, Reduction.MEAN]))
+"""The one table of every rank's hello."""
 
 
 def metrics(pid: int, seq: int, step: int, chunk: np.ndarray, mask: np.ndarray) -> P.Metrics:
@@ -50,7 +50,9 @@ def test_a_million_tokens_over_8_ranks_and_two_relays(seed: int) -> None:
     mask = rng.random(tokens.size) < 0.9  # padding that is not a token
     t = Tiers()
     for rank in range(RANKS):
-        t.send("A" if rank < RANKS // 2 else "B", hello(rank + 1, rank))
+        t.send(
+            "A" if rank < RANKS // 2 else "B", hello(rank + 1, rank=rank, ws=RANKS, tables=[DECL])
+        )
     start, sizes = 0, ragged_split(rng, tokens.size, RANKS)
     for rank, size in enumerate(sizes):
         via, pid = ("A" if rank < RANKS // 2 else "B"), rank + 1
@@ -78,7 +80,7 @@ def test_a_million_tokens_over_8_ranks_and_two_relays(seed: int) -> None:
 
 def test_a_bad_sketch_is_counted_and_the_rest_of_the_entry_kept() -> None:
     t = Tiers()
-    t.send("A", hello(1, 0))
+    t.send("A", hello(1, rank=0, ws=RANKS, tables=[DECL]))
     good = metrics(1, 1, 0, np.array([1.0, 2.0]), np.ones(2, bool))
     bad = P.Metrics(1, 1, good.entries, -1, [(0, 0, b"\x01\x04\x01\x00")])
     t.ref.handle(bad, 0.0)
@@ -91,7 +93,7 @@ def test_a_bad_sketch_is_counted_and_the_rest_of_the_entry_kept() -> None:
 
 def test_an_old_producer_without_sketches_still_reports_mean_max_min() -> None:
     t = Tiers()
-    t.send("A", hello(1, 0))
+    t.send("A", hello(1, rank=0, ws=RANKS, tables=[DECL]))
     plain = metrics(1, 1, 0, np.array([1.0, 3.0]), np.ones(2, bool))
     old = P.decode(P.encode_metrics(1, 1, [e[:5] for e in plain.entries]))
     t.ref.handle(old, 0.0)
@@ -122,9 +124,9 @@ def test_a_replaced_process_takes_its_sketch_with_it() -> None:
     the step reports the new process's samples only."""
     t = Tiers()
     one = lambda *m: [t.ref.handle(x, t.clock[0]) for x in m]  # noqa: E731
-    solo = P.Hello(1, 1, "r", "actor_train", 0, 1, "host", 1, tables=hello(1, 0).tables)
+    solo = P.Hello(1, 1, "r", "actor_train", 0, 1, "host", 1, tables=[DECL])
     one(solo, metrics(1, 1, 0, np.full(100, 50.0), np.ones(100, bool)))
-    again = P.Hello(2, 1, "r", "actor_train", 0, 1, "host", 2, tables=hello(2, 0).tables)
+    again = P.Hello(2, 1, "r", "actor_train", 0, 1, "host", 2, tables=[DECL])
     one(again, metrics(2, 1, 0, np.array([1.0, 2.0, 3.0]), np.ones(3, bool)), P.Done(2, 2, 0))
     t.ref.flush()
     got = t.ref_out[0].metrics

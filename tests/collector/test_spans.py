@@ -12,8 +12,8 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import Span
-from tests.collector.helpers import hello, metrics
-from tests.collector.test_relay_tiers import Tiers
+from tests.collector.helpers import Declaring, hello, metrics
+from tests.collector.tiers import Tiers
 
 TOTAL, EXECUTE = (
     M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part=p)
@@ -49,12 +49,13 @@ def expected_span(rank: int, step: int) -> Span:
 def test_each_rank_phase_becomes_a_span_and_the_step_names_its_straggler() -> None:
     out: list[StepRecord] = []
     agg = Aggregator(out.append, CollectorConfig(grace_s=30, liveness_s=10, settle_s=0))
+    feed = Declaring(agg)
     for r in range(3):
-        agg.handle(hello(10 + r, rank=r, ws=3), 0.0)
+        feed.handle(hello(10 + r, rank=r, ws=3), 0.0)
     for r in range(3):
-        agg.handle(phase_end(10 + r, r, 0), 0.0)
-        agg.handle(metrics(10 + r, 0, {M.ACTOR_PG_LOSS.name: 1.0}, t=END[r]), 0.0)  # no span
-        agg.handle(P.Done(10 + r, 3, 0), 0.0)
+        feed.handle(phase_end(10 + r, r, 0), 0.0)
+        feed.handle(metrics(10 + r, 0, {M.ACTOR_PG_LOSS.name: 1.0}, t=END[r]), 0.0)  # no span
+        feed.handle(P.Done(10 + r, 3, 0), 0.0)
     agg.poll(0.0)
     (record,) = out
     spans = sorted(record.spans, key=lambda s: s.rank)

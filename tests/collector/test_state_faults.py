@@ -21,6 +21,7 @@ from rlpulse.collector.sinks.jsonl import JsonlSink
 from rlpulse.collector.statelock import StateDirInUse
 from rlpulse.schemas import protocol
 from rlpulse.schemas.record import StepRecord
+from tests.support.segments import segment_records
 
 LIMITS = protocol.Limits(max_bytes=1 << 20, max_names=1000, max_name_length=200)
 
@@ -89,15 +90,6 @@ def config(tmp_path: Path, **extra) -> CollectorConfig:
 
 def step(n: int) -> StepRecord:
     return StepRecord(run="r", step=n, metrics={"x": float(n)})
-
-
-def records(path: Path) -> list[tuple[int, int]]:
-    data, out, offset = path.read_bytes(), [], 0
-    while offset + 8 <= len(data):
-        length = int.from_bytes(data[offset : offset + 4], "little")
-        out.append((offset, 8 + length))
-        offset += 8 + length
-    return out
 
 
 # ---------------------------------------------------------------------- the log
@@ -196,7 +188,7 @@ def test_a_write_ahead_log_short_of_what_was_acknowledged_refuses_to_start(
 ) -> None:
     cfg = wal_with_messages(tmp_path, 3)
     segment = (tmp_path / "state") / "wal" / f"{0:016d}.log"
-    offset, size = records(segment)[1]
+    offset, size = segment_records(segment)[1]
     data = bytearray(segment.read_bytes())
     if damage == "flip":
         data[offset + size - 1] ^= 1
@@ -235,7 +227,7 @@ def test_damage_before_the_checkpoints_cut_is_never_cut_as_a_torn_tail(tmp_path,
         state.log_input(protocol.encode_done(pid + 1, 1, 0))
     state.commit()
     segment = (tmp_path / "state") / "wal" / f"{0:016d}.log"
-    spans = records(segment)
+    spans = segment_records(segment)
     state.maybe_checkpoint(CheckpointedAt(Position(0, spans[2][0])), Replayed(), [], force=True)
     state.close()
     data = bytearray(segment.read_bytes())
@@ -346,7 +338,7 @@ def test_a_damaged_outbox_counts_the_steps_a_sink_lost_and_never_repeats_one(tmp
     state.close()
 
     segment = (tmp_path / "state") / "outbox" / f"{0:016d}.log"
-    offset, _ = records(segment)[7]  # steps 7 to 14 gone; 7 to 9 were before the checkpoint
+    offset, _ = segment_records(segment)[7]  # steps 7 to 14 gone; 7 to 9 were before the checkpoint
     segment.write_bytes(segment.read_bytes()[: offset + 5])
     state = DurableState(tmp_path / "state", cfg)
     state.recover(replayed, replayed, LIMITS, 0.0)

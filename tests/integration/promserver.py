@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.net import free_port
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
@@ -27,12 +28,6 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 def need(binary: str) -> None:
     if not Path(binary).exists():
         pytest.skip(f"{Path(binary).name} is not installed: run scripts/install-system-deps.sh")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def static_job(target: str) -> str:

@@ -14,8 +14,6 @@ import pytest
 import yaml
 import zmq
 
-from tests.certs import self_signed_pair
-
 
 def run_collector(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "collector.yaml"
@@ -37,11 +35,6 @@ def assert_refused(done: subprocess.CompletedProcess[str], field: str, problem: 
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"rlpulse-collector: configuration error: {field}: "), line
     assert problem in line, line
-
-
-@pytest.fixture
-def tls_pair(tmp_path: Path) -> tuple[Path, Path]:
-    return self_signed_pair(tmp_path)
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from benchmarks.common import free_port
 from rlpulse.collector.launch import start_collector
-from tests.integration.test_relay import SPAWN, relay
+from tests.integration.collectors import SPAWN, relay
 from tests.integration.workload import expected, run_rank
+from tests.support.net import free_port
 
 RANKS, STEPS, RUN = 4, 60, "chaos"
 LAYOUT = [("actor_train", r) for r in range(RANKS)]

@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from rlpulse.collector.launch import start_collector
 from rlpulse.schemas import metrics as M
-from tests.integration.test_disk_full import scrape
-from tests.integration.test_state_faults import free_port
+from tests.integration.collectors import live_collector
+from tests.support.prom import scrape
 
 STEPS = 20
 JUMP_AT = 10
@@ -42,18 +41,9 @@ with Producer(address, run="skew", role="actor_train", rank=rank, world_size=2,
 
 
 def test_a_rank_whose_clock_steps_an_hour_ahead_is_bounded_counted_and_named(tmp_path) -> None:
-    port = free_port()
-    out = tmp_path / "out.jsonl"
-    log = tmp_path / "collector.log"
-    config = {
-        "track_with": ["jsonl", "prometheus"],
-        "tracker_kwargs": {"jsonl": {"path": str(out)}, "prometheus": {"port": port}},
-        "grace_s": 30,
-        "settle_s": 0,
-    }
     started = time.time()
-    with log.open("w") as stderr:
-        collector = start_collector(config, stderr=stderr, stdout=subprocess.DEVNULL)
+    with live_collector(tmp_path, grace_s=30) as live:
+        collector, port, out, log = live.collector, live.port, live.out, live.log
         ranks = [
             subprocess.Popen(
                 [sys.executable, "-c", RANK, collector.address, str(rank), str(jump)],

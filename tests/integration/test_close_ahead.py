@@ -15,7 +15,7 @@ import pytest
 
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
-from tests.integration.test_reliability import free_port
+from tests.support.net import free_port
 
 STEPS = 400
 

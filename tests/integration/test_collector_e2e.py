@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import random
 import re
@@ -12,18 +11,12 @@ import time
 from pathlib import Path
 
 import msgpack
-import pytest
 import zmq
 
 from rlpulse.collector.launch import start_collector
 from rlpulse.schemas import protocol_v1 as V1
+from tests.integration.collectors import SPAWN, assert_matches, read_jsonl
 from tests.integration.workload import expected, run_rank
-
-SPAWN = mp.get_context("spawn")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def start(tmp_path: Path, **extra):
@@ -49,11 +42,6 @@ def spawn(address: str, run: str, layout: list[tuple[str, int, int]], steps: int
     for proc in procs:
         proc.start()
     return procs
-
-
-def assert_matches(record: dict, want: dict[str, float]) -> None:
-    for name, value in want.items():
-        assert record["metrics"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 
 
 LAYOUT = [("actor_train", r, 6) for r in range(6)] + [("critic", r, 2) for r in range(2)]

@@ -3,70 +3,20 @@ under ``state_dir`` or under a jsonl sink's file (issue 22, items 9 and 10)."""
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import subprocess
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
-from tests.integration.test_state_faults import Setup, free_port
+from tests.integration.collectors import Setup
+from tests.support.disk import fill, small_disk
+from tests.support.net import free_port
+from tests.support.prom import scrape
+from tests.support.waiting import eventually
 
 NAMES = [f"disk/value_{i:02d}" for i in range(40)]
 """Enough names that a few steps fill more than the last page of a file."""
-
-
-@contextmanager
-def small_disk(path: Path, size: str = "1m") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` for the test."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to the last byte; return the file to delete to free it."""
-    filler = disk / "filler"
-    with filler.open("wb", buffering=0) as f:
-        for chunk in (1 << 16, 1 << 12, 1 << 9, 1):
-            try:
-                while True:
-                    f.write(b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    return filler
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every sample on /metrics: unlabelled ones by name, others as ``name{k=v,...}``."""
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
 
 
 def writable(port: int) -> float | None:
@@ -88,13 +38,6 @@ def assert_each_step_once(path: Path, steps: int) -> None:
     assert [r["step"] for r in lines] == list(range(steps))
     for r in lines:
         assert not r["partial"] and r["metrics"][NAMES[0]] == r["step"], r["step"]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------- item 9
@@ -125,10 +68,10 @@ def test_a_full_state_disk_stops_acknowledging_and_resumes_when_space_returns(tm
 
         filler = fill(disk)
         log_steps(p, range(10, 30))
-        wait_for(
+        eventually(
             lambda: collector.proc.poll() is not None or writable(port) == 0,
+            "the collector to say its state is unwritable",
             30,
-            "the collector never said its state was unwritable",
         )
         assert collector.proc.poll() is None, collector.log.read_text()  # it did not crash
         assert scrape(port)["rlpulse_collector_disk_errors_total"] > 0
@@ -137,12 +80,12 @@ def test_a_full_state_disk_stops_acknowledging_and_resumes_when_space_returns(tm
 
         filler.unlink()  # space returns: the collector resumes by itself
         assert p.flush(60)
-        wait_for(lambda: writable(port) == 1, 30, "resumed")
+        eventually(lambda: writable(port) == 1, "the state to be writable again", 30)
 
         # Full again, and stopped while full: a clean exit, no traceback, nothing acked lost.
         filler = fill(disk)
         log_steps(p, range(30, 45))
-        wait_for(lambda: writable(port) == 0, 30, "full again")
+        eventually(lambda: writable(port) == 0, "the state to be unwritable again", 30)
         assert collector.stop() == 0
         first_log = collector.log.read_text()
         filler.unlink()

@@ -7,17 +7,15 @@ quantiles within the catalog's stated relative error; mean, max and min are exac
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.common import free_port
 from rlpulse.schemas import metrics as M, sketch as S
-from tests.integration.test_relay import relay, root, wait_for
+from tests.integration.collectors import SPAWN, relay, root, wait_for_steps
+from tests.support.net import free_port
 
-SPAWN = mp.get_context("spawn")
 RANKS, TOKENS, STEPS = 8, 1_000_000, 2
 ADV = M.CRITIC_ADVANTAGES.name
 
@@ -76,7 +74,7 @@ def test_a_million_tokens_over_8_rank_processes_two_relays_and_a_root(tmp_path: 
     for p in procs:
         p.join(180)
         assert p.exitcode == 0
-    wait_for(out, "proof", STEPS, timeout_s=180)
+    wait_for_steps(out, "proof", STEPS, timeout_s=180)
     for r in relays:
         assert r.stop() == 0
     assert top.stop() == 0

@@ -12,7 +12,7 @@ import time
 
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
-from tests.integration.test_reliability import free_port
+from tests.support.net import free_port
 
 RANKS, STEPS, NAMES = 16, 1000, 60
 

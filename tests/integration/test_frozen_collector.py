@@ -7,7 +7,6 @@ SIGSTOP and SIGCONT: a freeze that lands while it is busy is the one that did th
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -18,14 +17,14 @@ import pytest
 
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
-from tests.integration.test_state_faults import Setup, free_port
+from tests.integration.collectors import SPAWN, Setup
+from tests.support.net import free_port
 
 RANKS, LIVENESS_S, FROZEN_S, FREEZES, PACE_S = 8, 2.0, 4.0, 3, 0.01
 NAMES = [f"frozen/m{i:03d}" for i in range(200)]
 """Wide calls at up to 100 steps a second a rank: the collector is busy most of the time (so a
 freeze lands mid-pass) without falling far behind (a backlog held back for minutes would
 test flow control, not freezes)."""
-SPAWN = mp.get_context("spawn")
 
 
 def value(step: int, rank: int, i: int) -> float:

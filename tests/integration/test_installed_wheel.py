@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.net import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SHADOWS = ("schemas", "trainer", "collector", "producer")
 WHEELHOUSE = ROOT / ".wheelhouse"
@@ -114,7 +116,7 @@ def test_installed_where_packages_of_the_same_names_live(wheel: Path, tmp_path: 
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(work)  # the user's packages come first on the path
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     collector = subprocess.Popen(
         [str(cli), "collector", "--config", "collector.yaml", "--bind", address],
@@ -167,14 +169,6 @@ def test_installed_where_packages_of_the_same_names_live(wheel: Path, tmp_path: 
         capture_output=True,
         cwd=exported / "prometheus" / "tests",
     )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_every_package_folder_is_reached_through_rlpulse() -> None:

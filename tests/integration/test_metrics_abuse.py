@@ -13,18 +13,17 @@ from __future__ import annotations
 import json
 import selectors
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlpulse.collector.launch import CollectorProcess, start_collector
+from rlpulse.collector.launch import CollectorProcess
 from rlpulse.collector.sinks.promhttp import MAX_HEAD_BYTES, REQUEST_TIMEOUT_S, WORKERS
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
-from tests.integration.test_disk_full import scrape
-from tests.integration.test_state_faults import free_port
+from tests.integration.collectors import live_collector
+from tests.support.prom import scrape
 
 MB = 1024 * 1024
 GET = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
@@ -41,20 +40,9 @@ def status(pid: int, field: str) -> int:
 
 @contextmanager
 def collector_on(tmp_path: Path) -> Iterator[tuple[CollectorProcess, int, Path]]:
-    port = free_port()
-    out = tmp_path / "out.jsonl"
-    config = {
-        "track_with": ["jsonl", "prometheus"],
-        "tracker_kwargs": {"jsonl": {"path": str(out)}, "prometheus": {"port": port}},
-        "settle_s": 0,
-    }
-    with (tmp_path / "collector.log").open("w") as stderr:
-        collector = start_collector(config, stderr=stderr, stdout=subprocess.DEVNULL)
-    try:
-        scrape(port)  # serving
-        yield collector, port, out
-    finally:
-        collector.stop()
+    with live_collector(tmp_path) as live:
+        scrape(live.port)  # serving
+        yield live.collector, live.port, live.out
 
 
 def log_steps(address: str, steps: int) -> None:

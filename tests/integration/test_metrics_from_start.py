@@ -3,17 +3,14 @@ run's token and sample counters at 0 from its first step (issue 17, item 6)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.health import PRODUCER_ERRORS, PRODUCER_INVALID
 from rlpulse.collector.launch import start_collector
@@ -22,22 +19,8 @@ from rlpulse.producer import Producer
 from rlpulse.producer.reduce import Buffers
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import REJECT_REASONS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+from tests.support.net import free_port
+from tests.support.prom import scrape_url
 
 
 @dataclass
@@ -65,7 +48,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
 
 
 def test_counters_exist_before_their_first_increment(live: Live) -> None:
-    got = scrape(live.url)
+    got = scrape_url(live.url)
     reasons = {
         dict(labels)["reason"]: value
         for (name, labels), value in got.items()
@@ -79,7 +62,7 @@ def test_counters_exist_before_their_first_increment(live: Live) -> None:
     while not live.out.exists() or not live.out.read_text():
         assert time.monotonic() < deadline, "step 0 never emitted"
         time.sleep(0.05)
-    got = scrape(live.url)
+    got = scrape_url(live.url)
     run = frozenset({("run", "fresh"), ("role", "")})
     assert got[(prom_metric(M.SYSTEM_TOKENS.name).name, run)] == 0.0
     assert got[(prom_metric(M.SYSTEM_SAMPLES.name).name, run)] == 0.0
@@ -90,7 +73,7 @@ def test_values_producers_lost_show_on_the_collectors_page(live: Live, monkeypat
     another shape once made it) and a value it refuses as invalid are counted by the producer
     and, through its goodbye, on the collector's /metrics: at 0 before, then 1 each."""
     errors, invalid = (PRODUCER_ERRORS.name, frozenset()), (PRODUCER_INVALID.name, frozenset())
-    got = scrape(live.url)
+    got = scrape_url(live.url)
     assert got[errors] == 0.0 and got[invalid] == 0.0
 
     def broken(self, like):
@@ -103,7 +86,7 @@ def test_values_producers_lost_show_on_the_collectors_page(live: Live, monkeypat
         stats = producer.stats()
     assert stats["errors"] == 1 and stats["invalid"] == 1
     deadline = time.monotonic() + 30
-    while (got := scrape(live.url))[errors] != 1.0:
+    while (got := scrape_url(live.url))[errors] != 1.0:
         assert time.monotonic() < deadline, "the producer's goodbye never counted"
         time.sleep(0.05)
     assert got[invalid] == 1.0

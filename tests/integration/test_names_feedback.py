@@ -8,7 +8,7 @@ import subprocess
 
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
-from tests.integration.test_reliability import free_port
+from tests.support.net import free_port
 
 
 def test_names_over_the_run_bound_show_in_the_producers_stats(tmp_path) -> None:

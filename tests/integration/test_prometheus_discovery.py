@@ -13,8 +13,7 @@ import json
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,14 @@ from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
 from tests.integration.promserver import (
     PROMETHEUS,
-    free_port,
     get,
     need,
     prometheus,
     scraped,
     targets,
 )
+from tests.support.net import free_port
+from tests.support.waiting import eventually
 
 RUN, ROLE, RANK = "sd-run", "rollout", 1
 
@@ -46,13 +46,6 @@ def engine() -> Iterator[str]:
     server.shutdown()
     server.server_close()
     thread.join(5)
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def sd_list(url: str) -> list[dict] | None:

@@ -11,17 +11,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.launch import CollectorProcess, start_collector
 from rlpulse.producer import Producer
-from tests.integration.promserver import free_port
+from tests.support.net import free_port
+from tests.support.prom import scrape
+from tests.support.waiting import eventually
 
 REFUSED = "rlpulse_collector_scrape_targets_refused_total"
 METADATA = "http://169.254.169.254/latest/meta-data"
@@ -34,23 +35,11 @@ def get(url: str) -> str:
 
 def refused(port: int) -> float:
     """The refusal counter on the collector's /metrics (KeyError when it is not there)."""
-    samples = {
-        s.name: s.value
-        for family in text_string_to_metric_families(get(f"http://127.0.0.1:{port}/metrics"))
-        for s in family.samples
-    }
-    return samples[REFUSED]
+    return scrape(port)[REFUSED]
 
 
 def sd(port: int) -> list[str]:
     return sorted(g["targets"][0] for g in json.loads(get(f"http://127.0.0.1:{port}/sd")))
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @contextmanager

@@ -22,7 +22,6 @@ from tests.collector.sinks.conftest import jsonl_view, make_records
 from tests.integration.promserver import (
     PROMETHEUS,
     PROMTOOL,
-    free_port,
     get,
     need,
     prometheus as prometheus_server,
@@ -30,6 +29,7 @@ from tests.integration.promserver import (
     scraped,
     static_job,
 )
+from tests.support.net import free_port
 
 HEALTH = {
     "messages_received": 7,

@@ -11,7 +11,6 @@ exactly afterwards.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,12 +18,11 @@ import pytest
 import zmq
 
 from rlpulse.collector.delivery import MAX_HELD_BYTES
-from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.schemas import protocol, protocol_v1
-from tests.integration.test_disk_full import scrape
-from tests.integration.test_state_faults import free_port
+from tests.integration.collectors import live_collector
+from tests.support.prom import scrape
 
 MB = 1024 * 1024
 SLACK = 48 * MB
@@ -50,17 +48,9 @@ def large_message(version: int, producer: int) -> bytes:
 
 @pytest.mark.parametrize(("version", "count"), [(2, 150), (1, 60)])
 def test_large_messages_of_unregistered_producers_stay_bounded(tmp_path, version, count) -> None:
-    port = free_port()
-    out = tmp_path / "out.jsonl"
-    config = {
-        "track_with": ["jsonl", "prometheus"],
-        "tracker_kwargs": {"jsonl": {"path": str(out)}, "prometheus": {"port": port}},
-        "settle_s": 0,
-    }
-    with (tmp_path / "collector.log").open("w") as stderr:
-        collector = start_collector(config, stderr=stderr, stdout=subprocess.DEVNULL)
-    pid = collector.proc.pid
-    try:
+    with live_collector(tmp_path) as live:
+        collector, port, out = live.collector, live.port, live.out
+        pid = collector.proc.pid
         time.sleep(0.5)
         before = rss(pid)
         ctx = zmq.Context()
@@ -100,8 +90,6 @@ def test_large_messages_of_unregistered_producers_stay_bounded(tmp_path, version
             for step in range(5):
                 p.log({"after/value": float(step)}, step=step)
         assert collector.stop() == 0
-    finally:
-        collector.kill()
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["step"], r["metrics"]["after/value"], r["partial"]) for r in records] == [
         (s, float(s), False) for s in range(5)

@@ -5,49 +5,17 @@ relay is SIGKILLed and restarted on its state_dir."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.common import free_port
-from rlpulse.collector.launch import start_collector
+from tests.integration.collectors import SPAWN, relay, root, wait_for_steps
 from tests.integration.workload import expected, run_rank
+from tests.support.net import free_port
 
-SPAWN = mp.get_context("spawn")
 RANKS, STEPS = 6, 40
 LAYOUT = [("actor_train", r) for r in range(RANKS)]
-
-
-def root(tmp_path: Path):
-    out = tmp_path / "root.jsonl"
-    config = {
-        "track_with": ["jsonl"],
-        "tracker_kwargs": {"jsonl": {"path": str(out)}},
-        "state_dir": str(tmp_path / "root-state"),
-        "settle_s": 0,
-        "grace_s": 120,
-        "liveness_s": 60,
-        "max_open_steps": 1000,
-    }
-    log = (tmp_path / "root.log").open("a")
-    return start_collector(config, stderr=log, stdout=subprocess.DEVNULL), out
-
-
-def relay(tmp_path: Path, name: str, upstream: str, bind: str):
-    config = {
-        "upstream": upstream,
-        "state_dir": str(tmp_path / f"{name}-state"),
-        "settle_s": 1,
-        "grace_s": 120,
-        "liveness_s": 60,
-        "max_open_steps": 1000,
-        "checkpoint_s": 0.5,
-    }
-    log = (tmp_path / f"{name}.log").open("a")
-    return start_collector(config, bind=bind, stderr=log, stdout=subprocess.DEVNULL)
 
 
 def ranks(addresses: list[str], run: str, **kwargs) -> list:
@@ -76,18 +44,6 @@ def check(out: Path, run: str) -> None:
             assert record["metrics"][name] == pytest.approx(value, rel=1e-12, abs=1e-12), name
 
 
-def wait_for(path: Path, run: str, steps: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (
-            path.exists()
-            and sum(f'"run":"{run}"' in line for line in path.read_text().splitlines()) >= steps
-        ):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{run}: {steps} steps did not reach the root in {timeout_s} s")
-
-
 def test_two_relays_and_a_root_write_what_one_collector_would(tmp_path) -> None:
     top, out = root(tmp_path)
     relays = [
@@ -98,7 +54,7 @@ def test_two_relays_and_a_root_write_what_one_collector_would(tmp_path) -> None:
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    wait_for(out, "tiers", STEPS)
+    wait_for_steps(out, "tiers", STEPS)
     for r in relays:
         assert r.stop() == 0
     assert top.stop() == 0
@@ -116,7 +72,7 @@ def test_a_relay_killed_and_restarted_on_its_state_dir_loses_and_repeats_nothing
     # loaded machine the rank processes took longer than a fixed 2 s to start, so the kill
     # came before they had connected, and those closing while the relay was down gave up as
     # producers that never reached a collector (80 calls lost).
-    wait_for(out, "crash", 2)
+    wait_for_steps(out, "crash", 2)
     relays[0].proc.kill()  # SIGKILL mid-run: nothing flushed, nothing said
     relays[0].proc.wait()
     time.sleep(1.0)
@@ -124,7 +80,7 @@ def test_a_relay_killed_and_restarted_on_its_state_dir_loses_and_repeats_nothing
     for p in procs:
         p.join(180)
         assert p.exitcode == 0
-    wait_for(out, "crash", STEPS)
+    wait_for_steps(out, "crash", STEPS)
     for r in relays:
         assert r.stop() == 0
     assert top.stop() == 0

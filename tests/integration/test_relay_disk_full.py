@@ -11,18 +11,19 @@ step is complete and exact.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import subprocess
 import time
 
 import pytest
 
 from rlpulse.collector.launch import start_collector
-from tests.integration.test_disk_full import fill, scrape, small_disk, wait_for
-from tests.integration.test_state_faults import free_port
+from tests.integration.collectors import SPAWN
 from tests.integration.workload import expected, run_rank
+from tests.support.disk import fill, small_disk
+from tests.support.net import free_port
+from tests.support.prom import scrape
+from tests.support.waiting import eventually
 
-SPAWN = mp.get_context("spawn")
 RANKS, STEPS, LIVENESS_S, STALL_S = 4, 150, 3.0, 8.0
 LAYOUT = [("actor_train", r) for r in range(RANKS)]
 
@@ -67,16 +68,16 @@ def test_a_relay_with_a_full_state_disk_keeps_its_ranks_alive_and_says_so(tmp_pa
         try:
             for p in procs:
                 p.start()
-            wait_for(  # every rank under way through both relays
+            eventually(  # every rank under way through both relays
                 lambda: out.exists() and len(out.read_text().splitlines()) >= 10,
-                120,
                 "the first steps at the root",
+                120,
             )
             filler = fill(disk)  # relay 0 can no longer write its state
-            wait_for(
+            eventually(
                 lambda: scrape(port).get("rlpulse_collector_relays_state_unwritable") == 1,
+                "the root to hear that the relay's state_dir is full",
                 15,
-                "the root never heard that the relay's state_dir is full",
             )
             time.sleep(STALL_S)  # well past the root's liveness_s
             stalled = scrape(port)
@@ -84,15 +85,15 @@ def test_a_relay_with_a_full_state_disk_keeps_its_ranks_alive_and_says_so(tmp_pa
             for p in procs:
                 p.join(180)
                 assert p.exitcode == 0
-            wait_for(
+            eventually(
                 lambda: out.exists() and len(out.read_text().splitlines()) >= STEPS,
-                120,
                 "every step at the root",
+                120,
             )
-            wait_for(
+            eventually(
                 lambda: scrape(port)["rlpulse_collector_relays_state_unwritable"] == 0,
+                "the root to hear that the relay's state_dir is writable again",
                 15,
-                "the root never heard that the relay's state_dir is writable again",
             )
         finally:
             for p in procs:

@@ -7,9 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.common import free_port
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
+from tests.support.net import free_port
 
 STEPS = 10
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import subprocess
 import threading
 import time
@@ -18,14 +17,9 @@ from rlpulse.collector.launch import start_collector
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.producer import Producer
 from rlpulse.schemas.record import StepRecord
-from tests.integration.test_collector_e2e import SPAWN, assert_matches, read_jsonl
+from tests.integration.collectors import SPAWN, assert_matches, read_jsonl
 from tests.integration.workload import expected, run_rank
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.net import free_port
 
 
 def durable_config(tmp_path: Path, **extra) -> dict:

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from rlpulse.collector.launch import start_collector
-from tests.integration.test_collector_e2e import SPAWN, assert_matches, read_jsonl
-from tests.integration.test_reliability import free_port
+from tests.integration.collectors import SPAWN, assert_matches, read_jsonl
 from tests.integration.workload import expected, run_rank
+from tests.support.net import free_port
 
 WORLD = 4
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,15 +33,10 @@ from rlpulse.schemas.reductions import Stat
 from rlpulse.schemas.topology import SERVE
 from rlpulse.trainer.rollout import generate_hf
 from tests.servemodel import PROMPTS, make_checkpoint
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "serve-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -86,7 +80,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("serve")
     checkpoint = make_checkpoint(tmp / "actor")
     jsonl = tmp / "metrics.jsonl"
-    prom_port = _free_port()
+    prom_port = free_port()
     collector = start_collector(
         {
             "track_with": ["jsonl", "prometheus"],
@@ -99,7 +93,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         stdout=subprocess.DEVNULL,
         stderr=(tmp / "collector.log").open("w"),
     )
-    port = _free_port()
+    port = free_port()
     log = tmp / "server.log"
     cmd = [
         sys.executable,

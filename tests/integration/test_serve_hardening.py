@@ -21,18 +21,13 @@ import pytest
 
 from rlpulse.schemas import serving as S
 from tests.servemodel import make_checkpoint
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1.0
 """The server's --request-timeout-s here: short, so that the tests wait little."""
 MAX_CONNECTIONS = 16
 """The server's --max-connections here: small, so that a few sockets reach it."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -66,7 +61,7 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("serve-hardening")
     checkpoint = make_checkpoint(tmp / "actor")
-    port, log = _free_port(), tmp / "server.log"
+    port, log = free_port(), tmp / "server.log"
     cmd = [
         sys.executable,
         "-m",

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +24,8 @@ import yaml
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
+from tests.integration.collectors import SPAWN
+from tests.support.net import free_port
 
 RANKS, METRICS = 8, 100
 STEPS = int(os.environ.get("RLPULSE_SOAK_STEPS", "50000"))
@@ -38,13 +38,6 @@ SCRAPE_EVERY = 5
 WARM_UP = 0.1
 """The share of the run (by jsonl bytes written) after which memory must stay flat."""
 RSS_GROWTH_MB = 32.0
-SPAWN = mp.get_context("spawn")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def value(rank: int, step: int, metric: int) -> float:

@@ -5,121 +5,16 @@ damaged on disk as a bad sector or an operator would."""
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
-from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.segmentlog import HEADER
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Daemon:
-    """A ``python -m rlpulse.collector`` process and where its stderr goes."""
-
-    proc: subprocess.Popen
-    log: Path
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
-@dataclass
-class Refused:
-    """A collector that exited before listening."""
-
-    returncode: int
-    stderr: str
-
-
-class Setup:
-    """One collector configuration (state_dir, a jsonl sink, a fixed address) in ``tmp``."""
-
-    def __init__(self, tmp: Path, **extra: object) -> None:
-        self.tmp = tmp
-        self.out = tmp / "out.jsonl"
-        self.state = tmp / "state"
-        self.bind = f"tcp://127.0.0.1:{free_port()}"
-        config = CollectorConfig.from_mapping(
-            {
-                "track_with": ["jsonl"],
-                "tracker_kwargs": {"jsonl": {"path": str(self.out)}},
-                "state_dir": str(self.state),
-                "checkpoint_s": 0.2,
-                "grace_s": 120,
-                "liveness_s": 120,
-                "settle_s": 0,
-                **extra,
-            }
-        )
-        self.config_path = tmp / "collector.yaml"
-        self.config_path.write_text(yaml.safe_dump(config.to_mapping()))
-        self.starts = 0
-
-    def start(self) -> Daemon | Refused:
-        """Start a collector; wait until it listens, or until it exits (a refusal)."""
-        self.starts += 1
-        ready = self.tmp / f"ready{self.starts}"
-        log = self.tmp / f"collector{self.starts}.log"
-        with log.open("w") as err:
-            proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "rlpulse.collector", "--config", str(self.config_path)),
-                    *("--bind", self.bind, "--ready-file", str(ready)),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if proc.poll() is not None:
-                return Refused(proc.returncode, log.read_text())
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("collector neither listened nor exited within 60s")
-            time.sleep(0.02)
-        return Daemon(proc, log)
-
-    def started(self) -> Daemon:
-        daemon = self.start()
-        assert isinstance(daemon, Daemon), daemon
-        return daemon
-
-    def lines(self) -> list[dict]:
-        if not self.out.exists():
-            return []
-        return [json.loads(line) for line in self.out.read_text().splitlines()]
-
-    def wait_lines(self, n: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.lines()) < n:
-            assert time.monotonic() < deadline, f"{len(self.lines())} of {n} steps written"
-            time.sleep(0.05)
+from tests.integration.collectors import Daemon, Refused, Setup
+from tests.support.segments import segment_records
 
 
 def producer(setup: Setup, rank: int, world_size: int) -> Producer:
@@ -135,18 +30,6 @@ def producer(setup: Setup, rank: int, world_size: int) -> Producer:
 
 def value(rank: int, step: int) -> float:
     return 10.0 * step + rank
-
-
-def records(path: Path) -> list[tuple[int, int]]:
-    """(offset, size) of every record in a segment file."""
-    data, out, offset = path.read_bytes(), [], 0
-    while offset + HEADER.size <= len(data):
-        length, _ = HEADER.unpack_from(data, offset)
-        if offset + HEADER.size + length > len(data):
-            break
-        out.append((offset, HEADER.size + length))
-        offset += HEADER.size + length
-    return out
 
 
 def flip(path: Path, offset: int) -> None:
@@ -178,13 +61,13 @@ def test_a_write_ahead_log_cut_short_never_gives_a_complete_wrong_step(tmp_path,
 
     wal = last_segment(setup.state / "wal")
     cut = json.loads((setup.state / "checkpoint.json").read_text())["wal"]
-    needed = [(o, n) for o, n in records(wal) if o >= cut[1]]
+    needed = [(o, n) for o, n in segment_records(wal) if o >= cut[1]]
     assert needed, "no open step in the log: nothing to damage"
     if damage == "flip":  # one byte inside the first record open steps need
         offset, size = needed[0]
         flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
     elif damage == "flip_before_cut":  # issue 38, item 1: a record no open step needs
-        before = [(o, n) for o, n in records(wal) if o + n <= cut[1]]
+        before = [(o, n) for o, n in segment_records(wal) if o + n <= cut[1]]
         assert before, "nothing before the checkpoint's cut in the last segment"
         offset, size = before[-1]
         flip(wal, offset + HEADER.size + (size - HEADER.size) // 2)
@@ -243,7 +126,7 @@ def test_a_damaged_outbox_tail_neither_stalls_a_sink_nor_repeats_steps(tmp_path,
     collector.kill()
 
     outbox = last_segment(setup.state / "outbox")
-    offset, size = records(outbox)[-1]
+    offset, size = segment_records(outbox)[-1]
     if damage == "flip":
         flip(outbox, offset + size - 5)
     else:

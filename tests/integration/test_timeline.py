@@ -6,7 +6,6 @@ exports it on /metrics with cluster and phase labels."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import subprocess
 import time
 import urllib.request
@@ -14,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import free_port
 from rlpulse.collector.launch import start_collector
 from rlpulse.collector.sinks.trace import trace_path
 from rlpulse.schemas import metrics as M
+from tests.support.net import free_port
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
 from tests.collector.sinks.otlp_receiver import Receiver
+from tests.integration.collectors import SPAWN
 
-SPAWN = mp.get_context("spawn")
 RANKS, STEPS, SLOW = 3, 4, 2
 LAG = M.STRAGGLER.format(cluster="actor_train", phase="train_step", stat="lag")
 SLOWEST = M.STRAGGLER.format(cluster="actor_train", phase="train_step", stat="slowest_rank")

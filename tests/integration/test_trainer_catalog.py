@@ -14,10 +14,8 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,12 +24,12 @@ from rlpulse.schemas import engine as E, metrics as m, serving
 from rlpulse.schemas.catalog import Entry
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.topology import PHASES
+from tests.integration.trainer_runs import REPO, RUNNER, netns_prefix
 
 # One run (Ray start-up plus 6 worker processes importing torch and transformers) takes about
 # a minute on an idle 2-core machine and several on a loaded one.
 pytestmark = pytest.mark.timeout(900)
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = int(os.environ.get("RLPULSE_CATALOG_STEPS", "3"))
 """``scripts/gpu-check.sh`` sets it (3 there too): on a GPU the actor, critic and reference are on
 CUDA and the GPU memory names join the expected ones."""
@@ -44,50 +42,6 @@ be copied in ``log()`` and reduced by the sender, the path ``make demo`` takes. 
 were reduced at once, and a bug of that path (a pooled buffer of another shape, 58 log()
 calls skipped in a 30-step demo) went unseen here."""
 MAX_NEW_TOKENS = 6
-
-# The collector, then the trainer attached to it by address, in one process tree.
-RUNNER = """
-import sys
-from rlpulse.collector.launch import start_collector
-from rlpulse.trainer.__main__ import main
-out, run_dir, steps, batch, max_new, backend = sys.argv[1:7]
-handle = start_collector({"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": out}}})
-try:
-    code = main(["--config", "trainer/configs/reverse.yaml", "--steps", steps, "--run", "catalog",
-                 "--collector", handle.address, "--output-dir", run_dir, "--no-progress",
-                 "--set", "sft.steps=20", "--set", "task.val_prompts=16",
-                 "--set", f"ppo.batch_size={batch}", "--set", f"rollout.max_new_tokens={max_new}",
-                 "--set", f"rollout.backend={backend}", "--set", "model.num_heads=2"])
-finally:
-    handle.stop()
-sys.exit(code)
-"""
-
-
-def _netns_prefix() -> list[str]:
-    """A loopback-only network namespace when this user may create one, else nothing."""
-    if shutil.which("unshare") is None:
-        return []
-    probe = subprocess.run(
-        ["unshare", "-n", "--", "sh", "-c", "ip link set lo up"], capture_output=True, check=False
-    )
-    if probe.returncode != 0:
-        return []
-    return ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
-
-
-def trainer_cmd(run: str, output_dir: Path, steps: int, *overrides: str) -> list[str]:
-    """``python -m rlpulse.trainer`` on the reverse task, in the loopback namespace when it can be,
-    with ``--set`` for each of ``overrides``."""
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    return [
-        *_netns_prefix(),
-        sys.executable,
-        "-m",
-        "rlpulse.trainer",
-        *("--config", "trainer/configs/reverse.yaml", "--steps", str(steps), "--run", run),
-        *("--output-dir", str(output_dir), "--no-progress", *sets),
-    ]
 
 
 def _cuda() -> bool:
@@ -104,7 +58,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("trainer")
     out = tmp / "metrics.jsonl"
     cmd = [
-        *_netns_prefix(),
+        *netns_prefix(),
         sys.executable,
         "-c",
         RUNNER,

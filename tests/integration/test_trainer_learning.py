@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse.schemas import metrics as m
-from tests.integration.test_trainer_catalog import REPO, trainer_cmd
+from tests.integration.trainer_runs import REPO, trainer_cmd
 
 STEPS = 30
 

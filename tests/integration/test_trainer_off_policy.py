@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from rlpulse.schemas import metrics as m
-from tests.integration.test_trainer_catalog import REPO, _netns_prefix
+from tests.integration.trainer_runs import REPO, netns_prefix
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -42,7 +42,7 @@ sys.exit(code)
 def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("offpolicy")
     out = tmp / "metrics.jsonl"
-    cmd = [*_netns_prefix(), sys.executable, "-c", RUNNER, str(out), str(tmp / "runs"), str(STEPS)]
+    cmd = [*netns_prefix(), sys.executable, "-c", RUNNER, str(out), str(tmp / "runs"), str(STEPS)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in out.read_text().splitlines()]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainer_catalog import REPO, trainer_cmd
+from tests.integration.trainer_runs import REPO, trainer_cmd
 
 pytestmark = pytest.mark.timeout(1800)  # three trainer runs
 STEPS = 2

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_trainer_catalog import REPO, RUNNER, _netns_prefix
+from tests.integration.trainer_runs import REPO, RUNNER, netns_prefix
 
 # A trainer run of its own (1-3 min here): make test-slow, to keep make test within its budget.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -58,7 +58,7 @@ def test_a_dead_engine_stops_the_run_loudly_and_no_step_is_emitted_complete_unlo
     out = tmp_path / "metrics.jsonl"
     args = [str(out), str(tmp_path / "runs"), "200", "32", "6", "vllm"]
     proc = subprocess.Popen(
-        [*_netns_prefix(), sys.executable, "-c", RUNNER, *args],
+        [*netns_prefix(), sys.executable, "-c", RUNNER, *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -24,7 +24,8 @@ from rlpulse.collector.launch import start_collector
 from rlpulse.trainer.config import ModelConfig
 from rlpulse.trainer.model import build_policy
 from rlpulse.trainer.tokenizer import build_tokenizer
-from tests.integration.promserver import PROMETHEUS, free_port, get, need, prometheus, scraped
+from tests.integration.promserver import PROMETHEUS, get, need, prometheus, scraped
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.timeout(420)
 RUN, ROLE, RANK = "vllm-serve", "rollout", 0

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from rlpulse.schemas import metrics as M
 from rlpulse.schemas.reductions import Stat
 from tests.integrations.grpo_job import ROOT, load_example, recording
 from tests.integrations.helpers import jsonl_collector, readme_block, records
+from tests.support.net import free_port
 
 PER_PROCESS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
 """What each process times itself (the rest TRL gathers: the same on every process)."""
@@ -116,12 +116,6 @@ def test_grpo_in_one_process_matches_log_history(tmp_path, monkeypatch) -> None:
     saved = yaml.safe_load((tmp_path / "runs" / "grpo-tiny" / "config.yaml").read_text())
     assert saved["training_args"]["learning_rate"] == trainer.args.learning_rate
     assert saved["model"]["model_type"] == "llama" and saved["model"]["hidden_size"] == 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:

@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlpulse.producer import Fraction, Masked, Producer, Weighted
 from rlpulse.producer.config import ProducerConfig
@@ -19,7 +18,7 @@ from rlpulse.producer.reduce import reduce_tensor, reduce_value
 from rlpulse.schemas import metrics as M, protocol
 from rlpulse.schemas.values import Summary
 from tests.producer.conftest import done_steps, entries, has_bye
-from tests.producer.fakedevice import fake_context
+from tests.producer.fakedevice import SNAPSHOT_OPS, SYNCING_OPS, Recorder, fake_context
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.bool]
 
@@ -52,36 +51,6 @@ def test_reduce_tensor_matches_numpy(dtype: torch.dtype, masked: bool) -> None:
     nonfinite = (~np.isfinite(host)).sum() if m is None else (~np.isfinite(host) & m).sum()
     assert row[:4] == pytest.approx(want, rel=1e-12) and row[4] == nonfinite
     assert row[1] == finite.sum()
-
-
-class Recorder(TorchDispatchMode):
-    """Every aten op the caller's thread dispatches (thread-local, so the sender's own
-    reductions are not seen). A copy that names a device without ``non_blocking`` is
-    recorded as ``blocking_transfer``: on a GPU it would wait."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.__name__.split(".")[0]
-        if name == "copy_":
-            blocking = not kwargs.get("non_blocking", len(args) > 2 and args[2])
-        else:
-            blocking = name == "_to_copy" and "device" in kwargs and not kwargs.get("non_blocking")
-        if blocking:
-            name = "blocking_transfer"
-        self.ops.append(name)
-        return func(*args, **kwargs)
-
-
-# What a snapshot is made of: copies on the device (clone, stack), views, and the fake's
-# upload of a host mask (lift_fresh; on CUDA a pinned, non-blocking copy). Anything that reads
-# a value back (_local_scalar_dense), transfers with waiting, reduces (sum, amin), or sizes its
-# output by the data (nonzero, masked_select) would synchronize or cost more on a GPU.
-SNAPSHOT_OPS = {"clone", "stack", "detach", "view", "alias", "lift_fresh"}
-SYNCING_OPS = {"_local_scalar_dense", "blocking_transfer", "nonzero", "masked_select", "item"}
 
 
 def test_log_only_snapshots_in_the_callers_thread(inbox) -> None:

@@ -10,19 +10,17 @@ with the rest of the GPU checks (README, "On a GPU").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
-from benchmarks.common import spin_cycles_per_ms
 from rlpulse.producer import Fraction, Masked, Producer, Weighted
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.gpustate import GIB, NvmlSampler
 from rlpulse.schemas import metrics as M
 from tests.producer.conftest import entries, has_bye
+from tests.producer.gpu import gpu_busy_ms, strict
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,31 +38,6 @@ def exact(values: torch.Tensor, mask: torch.Tensor | None = None) -> list[float]
     keep = np.isfinite(v) if mask is None else np.isfinite(v) & mask.cpu().numpy().ravel()
     sel = v[keep]
     return [sel.sum(), float(sel.size), sel.min(), sel.max()]
-
-
-@contextmanager
-def strict() -> Iterator[None]:
-    """Any synchronizing CUDA call raises (in the caller and in the sender thread alike)."""
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
-
-def gpu_busy_ms(ms: float) -> torch.cuda.Event:
-    """Queue about ``ms`` of GPU work on the current stream; return an event recorded after
-    it. The first call calibrates the spin kernel (``spin_cycles_per_ms``)."""
-    global _CYCLES_PER_MS
-    if _CYCLES_PER_MS is None:
-        _CYCLES_PER_MS = spin_cycles_per_ms(torch)
-    torch.cuda._sleep(int(ms * _CYCLES_PER_MS))
-    done = torch.cuda.Event()
-    done.record()
-    return done
-
-
-_CYCLES_PER_MS: float | None = None
 
 
 def test_log_returns_while_the_gpu_is_still_busy(inbox) -> None:

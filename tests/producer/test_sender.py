@@ -4,27 +4,18 @@ the network (connects, refuses sends mid-handshake, drops the connection, answer
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from rlpulse.producer import Producer, ProducerConfig
 from rlpulse.producer.sender import Call, Done
 from rlpulse.schemas import protocol
 from rlpulse.wire.transport import MemoryTransport
+from tests.support.waiting import until
 
 QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
 
 
 def sent(t: MemoryTransport) -> list[protocol.Message]:
     return [protocol.decode(b) for b in list(t.sent)]
-
-
-def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def kinds(t: MemoryTransport) -> list[str]:

@@ -19,8 +19,7 @@ from rlpulse.producer.sketch import sketch_value
 from rlpulse.schemas import metrics as M, protocol, sketch as S
 from rlpulse.schemas.reductions import Reduction
 from tests.producer.conftest import entries, has_bye
-from tests.producer.fakedevice import fake_context
-from tests.producer.test_device import SNAPSHOT_OPS, SYNCING_OPS, Recorder
+from tests.producer.fakedevice import SNAPSHOT_OPS, SYNCING_OPS, Recorder, fake_context
 
 ADV, LEN, LOSS = M.CRITIC_ADVANTAGES.name, M.RESPONSE_LENGTH.name, M.ACTOR_PG_LOSS.name
 
@@ -141,7 +140,7 @@ def test_device_values_are_sketched_in_the_sender(inbox, budget: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_sketch_is_built_without_synchronizing(inbox) -> None:
-    from tests.producer.test_gpu import gpu_busy_ms, strict
+    from tests.producer.gpu import gpu_busy_ms, strict
 
     values = torch.randn(1_000_000, device="cuda") * 5
     mask = torch.rand(1_000_000, device="cuda") < 0.7

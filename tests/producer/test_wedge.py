@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -18,21 +17,13 @@ from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import DEFAULT_LIMITS, MAX_STEP
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.wire.transport import MemoryTransport
+from tests.support.waiting import until
 
 QUIET = ProducerConfig(gpu_sample_s=0, heartbeat_s=60.0)
 
 
 def sent(t: MemoryTransport) -> list[protocol.Message]:
     return [protocol.decode(b) for b in list(t.sent)]  # the collector's default limits
-
-
-def until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def logged_steps(t: MemoryTransport) -> list[int]:

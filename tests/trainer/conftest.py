@@ -22,7 +22,7 @@ from rlpulse.trainer.policy_trainer import PolicyTrainer
 from rlpulse.trainer.rollout import generate_hf
 from rlpulse.trainer.task import AdditionTask, score
 from rlpulse.trainer.tokenizer import build_tokenizer
-from tests.collector.helpers import hello, metrics
+from tests.collector.helpers import Declaring, hello, metrics
 
 
 class ThreadGroup:
@@ -59,13 +59,14 @@ def collect(calls: list[list[dict[str, Any]]]) -> dict[str, float]:
     calls, each reduced as a producer reduces it and merged by the collector's aggregator."""
     records: list[StepRecord] = []
     agg = Aggregator(records.append, CollectorConfig(grace_s=30.0, liveness_s=10.0, settle_s=0))
+    feed = Declaring(agg)  # each rank's hello declares its tables before its data
     world = len(calls)
     for r in range(world):
-        agg.handle(hello(100 + r, rank=r, ws=world), 0.0)
+        feed.handle(hello(100 + r, rank=r, ws=world), 0.0)
     for r, rank in enumerate(calls):
         for call in rank:
             states = {name: reduce_value(v)[0] for name, v in call.items()}
-            agg.handle(metrics(100 + r, 0, states), 0.0)
+            feed.handle(metrics(100 + r, 0, states), 0.0)
         agg.handle(P.Done(100 + r, 2, 0), 0.0)
     agg.poll(0.0)
     (record,) = records

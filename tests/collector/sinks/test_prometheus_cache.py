@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.sinks import promexport
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.schemas.record import StepRecord
+from tests.support.prom import samples
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3"
 """What a Prometheus server asks for: OpenMetrics first."""
@@ -57,11 +57,7 @@ def get(sink: PrometheusSink, accept: str | None = None, query: str = "") -> tup
 
 def scrape(sink: PrometheusSink) -> dict[tuple[str, frozenset], float]:
     body, _ = get(sink)
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-    }
+    return samples(body.decode())
 
 
 def test_a_scrape_after_a_write_shows_the_new_step(sink: PrometheusSink) -> None:

@@ -22,6 +22,7 @@ from rlpulse.schemas import serving as S
 from rlpulse.schemas.histogram import BOUNDS, bucket_counts
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.reductions import Stat
+from tests.support.prom import scrape_registry
 
 HIST = "rlpulse_serve_latency_seconds"
 
@@ -42,15 +43,6 @@ def window(step: int, latencies: list[float], errors: dict[str, int] | None = No
     return StepRecord(run="srv", step=step, metrics=metrics, roles=dict.fromkeys(metrics, "serve"))
 
 
-def scrape(sink: PrometheusSink) -> dict[tuple[str, frozenset], float]:
-    text = generate_latest(sink.registry).decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def buckets(got: dict[tuple[str, frozenset], float]) -> dict[str, float]:
     return {dict(labels)["le"]: v for (name, labels), v in got.items() if name == f"{HIST}_bucket"}
 
@@ -69,7 +61,7 @@ def test_latency_is_a_cumulative_histogram_over_every_window(sink: PrometheusSin
     windows = [[0.010, 0.011, 0.2], [0.5, 0.012], []]  # traffic, traffic, then none
     for step, latencies in enumerate(windows):
         sink.write(window(step, latencies))
-    got = scrape(sink)
+    got = scrape_registry(sink.registry)
     every = [x for w in windows for x in w]
     counts = np.cumsum(bucket_counts(every))
     le = [*(f"{b:g}" for b in BOUNDS), "+Inf"]
@@ -86,7 +78,7 @@ def test_an_idle_server_exports_its_histogram_at_zero_from_the_first_window(
     sink: PrometheusSink,
 ) -> None:
     sink.write(window(0, []))
-    got = scrape(sink)
+    got = scrape_registry(sink.registry)
     assert set(buckets(got).values()) == {0.0} and len(buckets(got)) == len(BOUNDS) + 1
     assert got[(f"{HIST}_count", LABELS)] == 0
 
@@ -95,7 +87,7 @@ def test_errors_are_counters_by_kind_summed_over_windows(sink: PrometheusSink) -
     sink.write(window(0, [0.01] * 3, {S.OVERLOADED: 2, S.EMPTY_PROMPT: 1}))
     sink.write(window(1, [0.01], {S.OVERLOADED: 1}))
     sink.write(window(2, []))  # a window without errors does not reset them
-    got = scrape(sink)
+    got = scrape_registry(sink.registry)
     errors = {
         dict(labels)["kind"]: v
         for (name, labels), v in got.items()

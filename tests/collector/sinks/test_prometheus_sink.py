@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.discovery import ScrapeTarget
 from rlpulse.collector.promnames import prom_metric
@@ -26,6 +24,7 @@ from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.collector.sinks.promexport import REPLACED
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from tests.support.prom import scrape_registry
 
 HEALTH = {
     "messages_received": 12,
@@ -43,16 +42,6 @@ HEALTH = {
 }
 
 
-def samples(sink: PrometheusSink) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a scrape, keyed by (name, labels)."""
-    text = generate_latest(sink.registry).decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 @pytest.fixture
 def sink() -> Iterator[PrometheusSink]:
     sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext(health=lambda: HEALTH))
@@ -65,7 +54,7 @@ def test_latest_values_with_run_and_role_labels_in_base_units(
 ) -> None:
     for record in records:
         sink.write(record)
-    got = samples(sink)
+    got = scrape_registry(sink.registry)
     last = records[-1]
     for name, value in last.metrics.items():
         if name in REPLACED:  # cumulative histograms and counters: test_prometheus_serving.py
@@ -83,7 +72,7 @@ def test_latest_values_with_run_and_role_labels_in_base_units(
 def test_a_metric_missing_from_a_step_keeps_its_last_value(sink: PrometheusSink) -> None:
     sink.write(StepRecord(run="r", step=0, metrics={"time/rollout": 1.5, "val/score/mean": 0.7}))
     sink.write(StepRecord(run="r", step=1, metrics={"time/rollout": 2.5}, partial=True))
-    got = samples(sink)
+    got = scrape_registry(sink.registry)
     run = frozenset({("run", "r"), ("role", "")})
     assert got[("rlpulse_time_rollout_seconds", run)] == 2.5
     assert got[("rlpulse_val_score_mean", run)] == 0.7
@@ -91,7 +80,7 @@ def test_a_metric_missing_from_a_step_keeps_its_last_value(sink: PrometheusSink)
 
 
 def test_collector_health_is_rendered(sink: PrometheusSink) -> None:
-    got = samples(sink)
+    got = scrape_registry(sink.registry)
     plain = {name: value for (name, labels), value in got.items() if not labels}
     assert plain["rlpulse_collector_messages_received_total"] == 12
     assert plain["rlpulse_collector_events_received_total"] == 340
@@ -125,7 +114,7 @@ def test_partial_or_broken_health_never_breaks_a_scrape(
     sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext(health=snapshot))
     sink.write(StepRecord(run="r", step=0, metrics={"time/adv": 0.25}))
     for _ in range(2):
-        got = samples(sink)
+        got = scrape_registry(sink.registry)
     assert got[("rlpulse_time_adv_seconds", frozenset({("run", "r"), ("role", "")}))] == 0.25
     assert not any(name.startswith("rlpulse_collector_messages") for name, _ in got)
     assert len(caplog.records) == (1 if health is None else 0)  # warned once, not per scrape
@@ -136,8 +125,8 @@ def test_two_names_for_one_series_keep_the_first_and_warn(
 ) -> None:
     with caplog.at_level(logging.WARNING):
         sink.write(StepRecord(run="r", step=0, metrics={"a/b": 1.0, "a_b": 2.0}))
-        got = samples(sink)
-        samples(sink)
+        got = scrape_registry(sink.registry)
+        scrape_registry(sink.registry)
     assert [v for (name, _), v in got.items() if name == "rlpulse_a_b"] == [1.0]  # "a/b" < "a_b"
     assert len([r for r in caplog.records if "rlpulse_a_b" in r.getMessage()]) == 1
 
@@ -146,7 +135,11 @@ def test_oldest_runs_are_dropped_beyond_max_runs() -> None:
     sink = PrometheusSink.from_kwargs({"port": 0, "max_runs": 2}, SinkContext())
     for run in ("a", "b", "a", "c"):
         sink.write(StepRecord(run=run, step=0, metrics={"time/adv": 1.0}))
-    runs = {dict(labels)["run"] for name, labels in samples(sink) if name == "rlpulse_run_step"}
+    runs = {
+        dict(labels)["run"]
+        for name, labels in scrape_registry(sink.registry)
+        if name == "rlpulse_run_step"
+    }
     assert runs == {"a", "c"}
 
 
