@@ -4,6 +4,7 @@ commands:
   rlpulse collector --config FILE [--bind ADDRESS]   run the collector daemon
   rlpulse report RUN.jsonl [...]                     a PNG of one run's main curves
   rlpulse compare A.jsonl B.jsonl [...]              a table comparing runs side by side
+  rlpulse samples RUN.jsonl [--step N] [...]         a run's sample rows (prompt, response...)
   rlpulse register --url URL --run R --role ROLE ... keep a /metrics endpoint registered
   rlpulse keygen DIR NAME [--force]                  make a CurveZMQ key pair
   rlpulse serve --model DIR [...]                    serve a trained policy over HTTP
@@ -43,7 +44,7 @@ def _register(argv: list[str]) -> int:
 
 
 def _run_tool(name: str) -> Callable[[list[str]], int]:
-    """``report`` and ``compare``: the run tools over a run's jsonl."""
+    """``report``, ``compare`` and ``samples``: the run tools over a run's jsonl."""
 
     def run(argv: list[str]) -> int:
         from rlpulse.runtools.cli import main
@@ -75,6 +76,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "collector": _collector,
     "report": _run_tool("report"),
     "compare": _run_tool("compare"),
+    "samples": _run_tool("samples"),
     "register": _register,
     "keygen": _keygen,
     "serve": _serve,

@@ -1,4 +1,4 @@
-"""``rlpulse report`` and ``rlpulse compare``: the run tools' commands.
+"""``rlpulse report``, ``rlpulse compare`` and ``rlpulse samples``: the run tools' commands.
 
 ::
 
@@ -7,12 +7,16 @@
     rlpulse compare A.jsonl B.jsonl [...] [--config A.yaml --config B.yaml]
                                 [--key ppo.actor_lr --key ppo.batch_size] [--format markdown|text]
                                 [--score NAME] [--kl NAME] [--out table.md]
+    rlpulse compare A.jsonl B.jsonl --samples STEP [--name NAME] [--width W] [--lines L]
+    rlpulse samples RUN.jsonl [--step N] [--name NAME] [--top|--bottom|--random] [--json]
 
 ``compare`` shows every run of every file given, one row each. ``--config`` gives each file's
 run configuration (YAML, e.g. the trainer's ``--config`` file), once per file and in the same
 order; without it, a ``config.yaml`` next to a jsonl file is used when there is one. ``--key``
 names a value in those configs by its dotted path (``ppo.actor_lr``); it becomes a column, and
 a key that no run's configuration has is warned about on stderr (the table is still printed).
+``compare --samples STEP`` shows the runs' samples at that step instead of the table, and
+``samples`` one run's (:mod:`rlpulse.runtools.samples`).
 
 >>> main(["compare", "--help"])  # doctest: +SKIP
 """
@@ -26,6 +30,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from rlpulse.runtools import samples
 from rlpulse.runtools.compare import (
     RUN_CONFIG,
     CompareError,
@@ -104,6 +109,9 @@ def _load_config(path: Path) -> dict[str, Any]:
 
 def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     files = [Path(p) for p in args.jsonl]
+    if args.samples is not None:
+        return samples.compare_command(files, args, stdout, stderr)
+    samples.check_compare_options(args)
     if args.config and len(args.config) != len(files):
         raise CompareError(
             f"--config given {len(args.config)} times for {len(files)} jsonl files: "
@@ -143,7 +151,7 @@ def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def parser(prog: str = "rlpulse") -> argparse.ArgumentParser:
-    """The ``report`` and ``compare`` commands under ``prog`` (what ``--help`` shows)."""
+    """The run tools' commands under ``prog`` (what ``--help`` shows)."""
     top = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = top.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="a PNG of one run's main curves")
@@ -181,6 +189,8 @@ def parser(prog: str = "rlpulse") -> argparse.ArgumentParser:
     )
     cmp_.add_argument("--kl", help="KL metric (default actor/ref_kl if logged, else actor/kl_loss)")
     cmp_.add_argument("--out", help="write the table here instead of printing it")
+    samples.add_compare_arguments(cmp_)
+    samples.add_arguments(sub.add_parser("samples", help="a run's sample rows at one step"))
     return top
 
 
@@ -190,7 +200,7 @@ def main(
     stderr: TextIO | None = None,
     prog: str = "rlpulse",
 ) -> int:
-    """Run ``report`` or ``compare`` (``argv[0]``); 0 on success, 2 on bad input. ``prog``
+    """Run ``report``, ``compare`` or ``samples`` (``argv[0]``); 0 on success, 2 on bad input. ``prog``
     is the command's name in ``--help`` (``rlpulse.cli.PROG``)."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
@@ -198,7 +208,9 @@ def main(
     try:
         if args.command == "report":
             return _report(args, stdout, stderr)
+        if args.command == "samples":
+            return samples.samples_command(args, stdout, stderr)
         return _compare(args, stdout, stderr)
-    except (RunFileError, CompareError, ReportError) as exc:
+    except (RunFileError, CompareError, ReportError, samples.SamplesError) as exc:
         print(f"rlpulse {args.command}: {exc}", file=stderr)
         return 2
