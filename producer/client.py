@@ -19,7 +19,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
+from rlpulse.producer.copies import Snapshot, alike, row_key, snapshot_rows, snapshot_value
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
 from rlpulse.producer.device import DeviceContext
@@ -31,19 +33,12 @@ from rlpulse.producer.env import (
     resume_from_env,
 )
 from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
-from rlpulse.producer.reduce import (
-    Buffers,
-    InvalidValue,
-    Snapshot,
-    alike,
-    row_key,
-    snapshot_rows,
-    snapshot_value,
-)
-from rlpulse.producer.sender import Call, CallerFirst, Done, Flush, Item, Sender, Wake
+from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.schemas.catalog import Catalog
@@ -284,7 +279,7 @@ class Producer:
     def _snapshot(self, payload: dict, names: list[str]) -> int:
         """Copy (or reduce now) the host values of ``names``; return the bytes copied. Alike
         per-token arrays of a call (one mask, dtype and shape) are copied together
-        (``rlpulse.producer.reduce.snapshot_rows``), the rest one by one; copies are
+        (``rlpulse.producer.copies.snapshot_rows``), the rest one by one; copies are
         reduced by the sender, bounded in bytes."""
         masks: dict[int, Any] = {}
         room = self._copy_limit - (self._copied - self._sender.released_bytes)
@@ -336,7 +331,7 @@ class Producer:
 
     def _groups(self, payload: dict, names: list[str]) -> dict[tuple | None, list[str]]:
         """``names`` grouped by what lets their values be copied together
-        (``rlpulse.producer.reduce.row_key``; None: copied one by one)."""
+        (``rlpulse.producer.copies.row_key``; None: copied one by one)."""
         groups: dict[tuple | None, list[str]] = {}
         for name in names:
             key = None if name in self._dists else row_key(payload[name])

@@ -1,8 +1,8 @@
 """One ``log()`` call's values, reduced, into one wire entry (``rlpulse.schemas.protocol``, version 2).
 
-A value reaching here is a number (one sample), a reduced ``(Summary, nonfinite)`` pair from
-``rlpulse.producer.reduce``, a GPU value whose state is now known (``rlpulse.producer.deferred``), or
-``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
+A value reaching here is a number (one sample), a :class:`~rlpulse.producer.reduce.Reduced`
+(state, non-finite count and, for a distribution, its sketch), a GPU value whose state is now
+known (``rlpulse.producer.deferred``), or ``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
 name; a ``LAST`` metric takes exactly one sample.
 
 Names travel once: each distinct list of names an entry carries becomes a numbered table
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.reduce import InvalidValue, Reduced
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
@@ -147,17 +147,16 @@ class Encoder:
                     c.nonfinite += 1
                     continue
                 state, nf = Summary.of_scalar(x), 0
-                if code == _DIST:
-                    v = (state, nf, sketch_of_number(x))
+                sketch = sketch_of_number(x) if code == _DIST else None
             else:
                 try:
-                    if type(v) is not tuple:
+                    if type(v) is not Reduced:
                         v = v.state()  # a GPU value, ready by now
                 except InvalidValue as exc:
                     c.invalid += 1
                     self.warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
                     continue
-                state, nf = v[0], v[1]
+                state, nf, sketch = v
             if nf:
                 nonfinite[name] = nf
                 c.nonfinite += nf
@@ -181,8 +180,8 @@ class Encoder:
                 continue
             if code == _DIST:  # the row merges as a mean; the sketch rides beside it
                 dist = True
-                if type(v) is tuple and len(v) > 2:
-                    sketches[len(names)] = v[2]
+                if sketch is not None:
+                    sketches[len(names)] = sketch
                 code = _MEAN
             vals.extend(state)
             names.append(name)

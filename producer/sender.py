@@ -17,21 +17,20 @@ encoding is :class:`~rlpulse.producer.encode.Encoder`'s; bytes go through a
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
+from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.deferred import Pending
+from rlpulse.producer.copies import reduce_copies
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.reduce import Buffers, Rows, Snapshot, reduce_snapshots
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -39,135 +38,6 @@ from rlpulse.wire.transport import Link, Transport, TransportError
 
 log = logging.getLogger("rlpulse.producer")
 
-
-class Wake:
-    """The sender's wake-up, with ``threading.Event``'s interface on a ``SimpleQueue``:
-    waiting on it takes one C lock, where an Event's wait builds and juggles Python locks
-    (a third of the cost of an idle sender's wake-up). ``set`` queues a token only when
-    not set already; a token left by a ``set`` that no ``wait`` took makes one spurious,
-    harmless wake-up.
-
-    >>> w = Wake(); w.set(); w.wait(1.0), w.is_set()
-    (True, True)
-    """
-
-    __slots__ = ("_flag", "_tokens")
-
-    def __init__(self) -> None:
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._flag = False
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        if not self._flag:
-            self._flag = True
-            self._tokens.put(None)
-
-    def clear(self) -> None:
-        self._flag = False
-
-    def wait(self, timeout: float) -> bool:
-        """True once set (now, or within ``timeout`` seconds)."""
-        if self._flag:  # set already: its token, if still queued, is spent here
-            with contextlib.suppress(queue.Empty):
-                self._tokens.get_nowait()
-            return True
-        try:
-            self._tokens.get(timeout=timeout)
-        except queue.Empty:
-            return self._flag
-        return True
-
-
-class CallerFirst:
-    """The training thread's right of way. Torch ops and numpy copies in ``log()`` let go
-    of the GIL while they work; the sender thread takes it then, and ``log()`` gets it back
-    only when the sender next lets go (a socket call, a sleep) or after the interpreter's
-    switch interval (5 ms). So while ``log()`` runs (:meth:`enter`, :meth:`leave`), the
-    sender waits between calls it encodes (:meth:`wait`): in a caller-cost probe the slowest
-    2% of tensor steps waited 1.2-1.9 ms off the CPU without this; with it most ran on the
-    CPU throughout, and one or two calls a run still waited 0.5-1.3 ms (a sender unit already
-    under way when ``log()`` began, or the OS scheduling three busy threads on 2 cores).
-    The wait is bounded (:data:`YIELD_S` a cycle), so ``log()`` in a tight loop cannot
-    starve the sender. ``leave`` wakes a waiting sender (one ``SimpleQueue`` token); a token
-    left over from a race makes one early, harmless wake-up.
-    """
-
-    __slots__ = ("_tokens", "_waiting", "busy")
-
-    def __init__(self) -> None:
-        self.busy = False
-        self._waiting = False
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-
-    def enter(self) -> None:
-        self.busy = True
-
-    def leave(self) -> None:
-        self.busy = False
-        if self._waiting:
-            self._tokens.put(None)
-
-    def wait(self, until: float) -> None:
-        """In the sender: while ``log()`` runs, wait for it to end, not past ``until``
-        (``time.monotonic()``)."""
-        while self.busy:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            self._waiting = True
-            try:
-                if self.busy:  # read after _waiting is set: leave() sees one or the other
-                    self._tokens.get(timeout=left)
-            except queue.Empty:
-                return
-            finally:
-                self._waiting = False
-
-
-class Call(NamedTuple):
-    """A queued ``log()`` call: its step and wall time, its values by name (None once its GPU
-    values are lost: then only ``step`` and ``time`` still count), the device work they wait
-    for, whether it ends a phase (the sender then reads the GPUs), and the bytes of host
-    copies among its values (``rlpulse.producer.reduce.Snapshot``: 0, none to reduce).
-
-    >>> Call(7, time.time(), {"actor/pg_loss": 0.31}, (), False).step
-    7
-    """
-
-    step: int
-    time: float
-    payload: dict | None
-    waits: tuple[Pending, ...]
-    phase_end: bool
-    copied: int = 0
-
-
-class Done(NamedTuple):
-    """A queued ``step_done(step)``: this rank has finished every step up to ``step``.
-
-    >>> Done(7).step
-    7
-    """
-
-    step: int
-
-
-class Flush(NamedTuple):
-    """A queued ``flush()``: ``acked`` is set once everything queued before it is
-    acknowledged (or the sender stops).
-
-    >>> Flush(threading.Event()).acked.is_set()
-    False
-    """
-
-    acked: threading.Event
-
-
-Item = Call | Done | Flush
-"""What the caller's thread queues for the sender, in order."""
 
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
@@ -532,44 +402,14 @@ class Sender(threading.Thread):
             f"a log() call's GPU values could not be read ({exc!r}); that call is dropped",
         )
 
-    def _reduce_copies(self, payload: dict, copied: int) -> None:
-        """Reduce (and sketch) the host samples ``log()`` copied
-        (``rlpulse.producer.reduce.Snapshot`` and ``Rows``), give their arrays back, and
-        release their ``copied`` bytes."""
-        names: list[str] = []
-        snaps: list[Snapshot] = []
-        blocks: dict[int, Rows] = {}  # one object under each of its names: reduced once
-        for name, value in payload.items():
-            if type(value) is Rows:
-                blocks[id(value)] = value
-            elif isinstance(value, Snapshot):
-                names.append(name)
-                snaps.append(value)
-        copies: list[Snapshot | Rows] = [*snaps, *blocks.values()]
-        for name, result in zip(names, reduce_snapshots(snaps), strict=True):
-            self._place(payload, name, result)
-        for rows in blocks.values():
-            for name, result in zip(rows.names, rows.reduce(), strict=True):
-                self._place(payload, name, result)
-        if self.buffers is not None:
-            masks: dict[int, Any] = {}  # a call's mask is shared by its copies: given once
-            for copy in copies:
-                self.buffers.give(copy.values)
-                if copy.mask is not None:
-                    masks[id(copy.mask)] = copy.mask
-            for mask in masks.values():
-                self.buffers.give(mask)
-        self.released_bytes += copied
-
-    def _place(self, payload: dict, name: str, result: Any) -> None:
-        """A copy's reduction into the payload; one that failed is counted, and the call's
-        other values still go."""
-        if isinstance(result, Exception):
-            payload[name] = INVALID
+    def _reduce_copies(self, payload: dict[Any, Any], copied: int) -> None:
+        """Reduce the host copies of a call (``rlpulse.producer.copies``) and release their
+        ``copied`` bytes."""
+        for name, failure in reduce_copies(payload, self.buffers):
+            payload[name] = INVALID  # counted here; the call's other values still go
             self.counters.invalid += 1
-            self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({result!r})")
-        else:
-            payload[name] = result
+            self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({failure.reason})")
+        self.released_bytes += copied
 
     def _encode(self, call: Call) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from rlpulse.producer import Producer, ProducerConfig
-from rlpulse.producer.sender import Call, Done
+from rlpulse.producer.handoff import Call, Done
 from rlpulse.schemas import protocol
 from rlpulse.wire.transport import MemoryTransport
 
@@ -130,7 +130,7 @@ def test_caller_first_waits_for_log_to_end_and_no_longer_than_it_may() -> None:
     the call leaves, and ends at its bound when the call never does."""
     import threading
 
-    from rlpulse.producer.sender import CallerFirst
+    from rlpulse.producer.handoff import CallerFirst
 
     gate = CallerFirst()
     t0 = time.monotonic()
