@@ -47,14 +47,9 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
-from rlpulse.producer.integrations.verl_loss import (
-    META_KEY,
-    REDUCTIONS,
-    STEP_KEY,
-    LossHook,
-    check,
-    exact_names,
-)
+from rlpulse.producer.integrations.verl_compat import check
+from rlpulse.producer.integrations.verl_loss import META_KEY, STEP_KEY, LossHook
+from rlpulse.producer.integrations.verl_states import REDUCTIONS, exact_names
 from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.integrations.verl")
