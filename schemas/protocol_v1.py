@@ -18,13 +18,12 @@ from collections.abc import Mapping, Sequence
 import msgpack
 import numpy as np
 
+from rlpulse.schemas.checks import checked_roles, checked_stats
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import (
     DEFAULT_LIMITS,
     MAX_STEP,
-    RELAY_STAT_KEYS,
     ROW_BYTES,
-    STAT_KEYS,
     U63_MAX,
     Ack,
     Bye,
@@ -201,40 +200,6 @@ def _stats(obj: Mapping) -> dict[str, int]:
     if not isinstance(raw, dict):
         raise SchemaError("bad_field", f"stats ('st') must be a map, got {type(raw).__name__}")
     return checked_stats(raw)
-
-
-def checked_stats(raw: Mapping) -> dict[str, int]:
-    """The known counters of a stats map (missing ones read as 0, unknown ones are left; a
-    relay's own, ``RELAY_STAT_KEYS``, only where present)."""
-    out: dict[str, int] = {}
-    for key in (*STAT_KEYS, *(k for k in RELAY_STAT_KEYS if k in raw)):
-        value = raw.get(key, 0)
-        if type(value) is not int or value < 0:
-            raise SchemaError(
-                "bad_field", f"stat {key!r} must be a non-negative integer, got {value!r:.80}"
-            )
-        out[key] = value
-    return out
-
-
-def checked_roles(raw: object, limit: int) -> dict[str, int]:
-    """A declared topology: at most 64 role names, each with a world size."""
-    if not isinstance(raw, dict) or len(raw) > 64:
-        raise SchemaError(
-            "bad_field", "roles must be a map of at most 64 role names to world sizes"
-        )
-    for role, ws in raw.items():
-        if (
-            type(role) is not str
-            or not 0 < len(role) <= limit
-            or type(ws) is not int
-            or not 1 <= ws <= 1 << 24
-        ):
-            raise SchemaError(
-                "bad_field",
-                f"roles: {role!r:.40} -> {ws!r:.20} is not a role name and a world size",
-            )
-    return raw
 
 
 _TABLES: dict[tuple, Table] = {}
