@@ -55,8 +55,8 @@ class Buffers:
         (``base``): reusing one costs no ``from_numpy``, and no ``view`` for flat rows."""
         size = like.numel()
         buf = self._pop(dtype.str, n * size)
-        out = None if buf is None else buf.base
-        if type(out) is not torch.Tensor or out.dtype is not like.dtype:
+        out: Any = None if buf is None else buf.base
+        if buf is None or type(out) is not torch.Tensor or out.dtype is not like.dtype:
             out = torch.empty((n, size), dtype=like.dtype)
             buf = out.numpy()
         elif buf.shape != (n, size):  # the same size, other rows: a view of the same memory

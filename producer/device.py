@@ -347,6 +347,7 @@ class DeviceCall:
         values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
         if not (isinstance(values, ops.torch.Tensor) and ops.owns(values)):
             # Only the mask is on the device: bring the values there.
+            assert mask is not None  # owns() said a part of the value is on the device
             host = writable(np.asarray(values))
             values = self.context.move(ops.torch.as_tensor(host), mask.device)
         if values.numel() == 1 and mask is None and not sketch:

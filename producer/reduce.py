@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -116,7 +116,7 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def _is_tensor(value: Any) -> bool:
+def _is_tensor(value: Any) -> TypeGuard[Any]:
     torch = _torch()
     return torch is not None and isinstance(value, torch.Tensor)
 

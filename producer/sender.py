@@ -186,6 +186,7 @@ class Sender(threading.Thread):
                 self._done_through = max(self._done_through, item.step)
                 self._flush_entries(entries, done=item.step)
             else:  # a Flush: set once everything before it is acknowledged
+                assert type(item) is Flush  # the queue holds Call, Done and Flush only
                 self._flush_entries(entries)
                 self.outbox.when_acked(item.acked)
             entries, size = [], 0

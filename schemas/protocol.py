@@ -144,7 +144,7 @@ def packed_bytes(entry: tuple) -> int:
     return size
 
 
-def declared_bytes(names: Sequence[str], kinds: bytes) -> int:
+def declared_bytes(names: Sequence[str], kinds: bytes | bytearray) -> int:
     """An upper bound of the bytes a :class:`TableDecl` of these names takes in a hello."""
     return 24 + len(kinds) + sum(5 + len(name.encode()) for name in names)
 

@@ -14,6 +14,7 @@ import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -153,9 +154,10 @@ def encode_ack(
 
 def _members(raw: object) -> tuple[tuple[int, int], ...]:
     """An ack's ``m``: ``[[member, late], ...]`` (at most ``MAX_ACK_MEMBERS`` pairs)."""
-    ok = type(raw) is list and len(raw) <= MAX_ACK_MEMBERS
+    listed = raw if type(raw) is list and len(raw) <= MAX_ACK_MEMBERS else None
+    ok = listed is not None
     pairs = []
-    for pair in raw if ok else ():  # type: ignore[union-attr]
+    for pair in listed or ():
         if not (
             type(pair) is list
             and len(pair) == 2
@@ -209,7 +211,9 @@ _TABLES_SIZE = 4096
 
 
 def _table(names: object, kinds: object, limits: Limits) -> Table:
+    key: tuple[Any, ...] | None
     try:
+        # names as received: a TypeError below says it is no list of hashable names.
         key = (limits, tuple(names), kinds)  # type: ignore[arg-type]
         table = _TABLES.get(key)
     except TypeError:  # not a list, or an unhashable element: certainly not names

@@ -194,7 +194,7 @@ class LossHook:
 
         @wraps(original)
         def update(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            info = getattr(batch, "meta_info", None)
+            info: Any = getattr(batch, "meta_info", None)  # a dict, where keys are added
             if not isinstance(info, dict):
                 info = getattr(batch, "extra_info", None)
             added: list[str] = []
