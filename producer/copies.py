@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,11 +75,11 @@ class Rows:
         self.mask = mask
         self.nbytes = values.nbytes + (0 if mask is None else mask.nbytes)
 
-    def reduce(self) -> list[Reduced | Failed]:
+    def reduce(self) -> Sequence[Reduced | Failed]:
         """The exact state of each row, in ``names`` order (a :class:`Failed` in place of
         the state of a row that could not be reduced)."""
         try:
-            return list(_reduce_block(self.values, self.mask))
+            return _reduce_block(self.values, self.mask)
         except Exception as exc:  # the caller counts it per name; the call's others still go
             return [Failed(repr(exc))] * len(self.names)
 
