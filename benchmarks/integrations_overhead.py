@@ -180,7 +180,8 @@ def verl_hook_cost(address: str, calls: int = 300) -> dict[str, float]:
     from verl.workers.utils import losses
 
     from rlpulse.producer.client import Producer
-    from rlpulse.producer.integrations.verl_loss import REDUCTIONS, LossHook
+    from rlpulse.producer.integrations.verl_loss import LossHook
+    from rlpulse.producer.integrations.verl_states import REDUCTIONS
     from tests.integrations.verl_loss_job import (
         OVERRIDES,
         critic_config,

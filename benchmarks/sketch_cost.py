@@ -31,7 +31,8 @@ from benchmarks.common import write_json
 from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.producer import Masked
-from rlpulse.producer.reduce import reduce_value, snapshot_value as snapshot_mmm
+from rlpulse.producer.copies import snapshot_value as snapshot_mmm
+from rlpulse.producer.reduce import reduce_value
 from rlpulse.producer.sketch import sketch_value, snapshot_value
 from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.messages import TableDecl

@@ -7,9 +7,10 @@
 
 from rlpulse.producer.client import Producer
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.env import ADDRESS_VAR, load_curve
+from rlpulse.producer.env import ADDRESS_VAR
 from rlpulse.producer.null import NullProducer
 from rlpulse.producer.values import Fraction, Masked, Weighted
+from rlpulse.wire.transport import load_curve
 
 __all__ = [
     "ADDRESS_VAR",

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
@@ -31,20 +32,14 @@ from rlpulse.producer.env import (
     resume_from_env,
 )
 from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
+from rlpulse.producer.hostcopy import HostCopies
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
-from rlpulse.producer.reduce import (
-    Buffers,
-    InvalidValue,
-    Snapshot,
-    alike,
-    row_key,
-    snapshot_rows,
-    snapshot_value,
-)
-from rlpulse.producer.sender import Call, CallerFirst, Done, Flush, Item, Sender, Wake
-from rlpulse.producer.sketch import dist_names, snapshot_value as snapshot_dist
+from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.sender import Sender
+from rlpulse.producer.sketch import dist_names
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
@@ -171,6 +166,7 @@ class Producer:
         says how many it has reduced and let go)."""
         self._copy_limit = config.snapshot_limit_bytes
         self._buffers = Buffers()
+        self._copies = HostCopies(self._dists, self._buffers)
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
@@ -266,7 +262,10 @@ class Producer:
                         host.append(name)
                 except InvalidValue as exc:
                     self._invalid(payload, name, exc)
-            copied = self._snapshot(payload, host) if host else 0
+            copied = 0
+            if host:  # copied (or reduced now), bounded by the copies the sender still holds
+                room = self._copy_limit - (self._copied - self._sender.released_bytes)
+                copied = self._copies.copy(payload, host, room, self._invalid)
             if call is not None:
                 waits = (*waits, *call.seal())
             if deferred:
@@ -280,68 +279,6 @@ class Producer:
             if call is not None:
                 call.abandon()
             self._note_error("log()", exc)
-
-    def _snapshot(self, payload: dict, names: list[str]) -> int:
-        """Copy (or reduce now) the host values of ``names``; return the bytes copied. Alike
-        per-token arrays of a call (one mask, dtype and shape) are copied together
-        (``rlpulse.producer.reduce.snapshot_rows``), the rest one by one; copies are
-        reduced by the sender, bounded in bytes."""
-        masks: dict[int, Any] = {}
-        room = self._copy_limit - (self._copied - self._sender.released_bytes)
-        groups = None
-        if len(names) > 1 and self._dists.isdisjoint(names):
-            values = [payload[name] for name in names]
-            if alike(values):  # the common call: one group, without a key per value
-                copied = self._copy_together(payload, names, values, masks, room)
-                if copied:
-                    return copied
-                groups = {None: names}  # cannot be copied together: one by one
-        if groups is None:
-            groups = self._groups(payload, names)
-        copied = 0
-        for key, group in groups.items():
-            if key is not None and len(group) > 1:
-                values = [payload[name] for name in group]
-                together = self._copy_together(payload, group, values, masks, room)
-                if together:
-                    copied += together
-                    room -= together
-                    continue
-            for name in group:
-                try:
-                    snap = (
-                        snapshot_dist(payload[name], masks, room, self._buffers)
-                        if name in self._dists
-                        else snapshot_value(payload[name], masks, room, buffers=self._buffers)
-                    )
-                except InvalidValue as exc:
-                    self._invalid(payload, name, exc)
-                    continue
-                if isinstance(snap, Snapshot):
-                    copied += snap.nbytes
-                    room -= snap.nbytes
-                payload[name] = snap
-        return copied
-
-    def _copy_together(
-        self, payload: dict, names: list[str], values: list[Any], masks: dict, room: float
-    ) -> int:
-        """Copy the alike ``values`` of ``names`` into one ``Rows``, put under each name in
-        ``payload``; the bytes copied, 0 when they cannot be copied together."""
-        rows = snapshot_rows(names, values, masks, room, self._buffers)
-        if rows is None:
-            return 0
-        payload.update(dict.fromkeys(names, rows))
-        return rows.nbytes
-
-    def _groups(self, payload: dict, names: list[str]) -> dict[tuple | None, list[str]]:
-        """``names`` grouped by what lets their values be copied together
-        (``rlpulse.producer.reduce.row_key``; None: copied one by one)."""
-        groups: dict[tuple | None, list[str]] = {}
-        for name in names:
-            key = None if name in self._dists else row_key(payload[name])
-            groups.setdefault(key, []).append(name)
-        return groups
 
     def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
         payload[name] = INVALID

@@ -63,13 +63,13 @@ class _ArrayRef:
     def __init__(self, batch: DeviceBatch, index: int) -> None:
         self.batch, self.index = batch, index
 
-    def state(self) -> Reduced | tuple:
+    def state(self) -> Reduced:
         s, w, mn, mx, nf = self.batch.row(self.index)
         reduced = finish(s, w, mn, mx, int(nf))
         counts = self.batch.sketch(self.index)
-        if counts is None or reduced[0].weight <= 0:
+        if counts is None or reduced.state.weight <= 0:
             return reduced
-        return (*reduced, encode_sketch(counts))
+        return Reduced(reduced.state, reduced.nonfinite, encode_sketch(counts))
 
 
 class _ScalarRef:
@@ -347,6 +347,7 @@ class DeviceCall:
         values, mask = (value.values, value.mask) if isinstance(value, Masked) else (value, None)
         if not (isinstance(values, ops.torch.Tensor) and ops.owns(values)):
             # Only the mask is on the device: bring the values there.
+            assert mask is not None  # owns() said a part of the value is on the device
             host = writable(np.asarray(values))
             values = self.context.move(ops.torch.as_tensor(host), mask.device)
         if values.numel() == 1 and mask is None and not sketch:

@@ -1,8 +1,8 @@
 """One ``log()`` call's values, reduced, into one wire entry (``rlpulse.schemas.protocol``, version 2).
 
-A value reaching here is a number (one sample), a reduced ``(Summary, nonfinite)`` pair from
-``rlpulse.producer.reduce``, a GPU value whose state is now known (``rlpulse.producer.deferred``), or
-``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
+A value reaching here is a number (one sample), a :class:`~rlpulse.producer.reduce.Reduced`
+(state, non-finite count and, for a distribution, its sketch), a GPU value whose state is now
+known (``rlpulse.producer.deferred``), or ``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
 name; a ``LAST`` metric takes exactly one sample.
 
 Names travel once: each distinct list of names an entry carries becomes a numbered table
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.names import BAD_NAME, Names
+from rlpulse.producer.reduce import InvalidValue, Reduced
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
@@ -46,9 +47,6 @@ _DIST = int(Reduction.DIST)
 _MEAN = int(Reduction.MEAN)
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
-_BAD_NAME = -1
-"""The cached code of a name the collector would refuse."""
-_CACHED_NAMES = 100_000
 
 
 class Encoder:
@@ -65,13 +63,11 @@ class Encoder:
         warn_once: Callable[[str, str], None],
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
-        self.catalog = catalog
-        self.declared = declared
+        self.names = Names(catalog, declared, warn_once, limits)
+        """Each name's reduction code, resolved once per name."""
         self.counters = counters
         self.warn_once = warn_once
         self.limits = limits
-        self._kinds: dict[str, int] = {}
-        """Reduction code by name, ``_BAD_NAME`` for a name the collector would refuse."""
         self._table_ids: dict[tuple[str, ...], int] = {}
         self._plain: dict[tuple[Any, ...], int] = {}
         """Name lists (a payload's keys, in order) whose every name went into a table with
@@ -83,31 +79,6 @@ class Encoder:
         """What the tables take in the hello (:func:`protocol.declared_bytes`)."""
         self.new_tables = False
         """A table was added since the flag was last cleared: say hello before sending."""
-
-    def _kind(self, name: object) -> int:
-        """The reduction code of a name first seen, or ``_BAD_NAME`` (counted by the caller,
-        warned about here) when no collector would take it."""
-        if type(name) is not str or not name:
-            self.warn_once(
-                f"name:{name!r:.80}", f"metric names must be non-empty strings, got {name!r:.80}"
-            )
-            return _BAD_NAME
-        longest = self.limits.max_name_length
-        if len(name) > longest or not _encodable(name):
-            self.warn_once(
-                "name-limit",
-                f"metric names must be UTF-8 strings of at most {longest} characters (the "
-                f"collector's limit): {name!r:.80} and any like it are dropped (counted as "
-                "invalid)",
-            )
-            code = _BAD_NAME
-        else:
-            # What to send only: the collector's catalog decides the merge ("Who decides",
-            # rlpulse.schemas.catalog).
-            code = int(self.catalog.resolve(name, self.declared.get(name)).reduction)
-        if len(self._kinds) < _CACHED_NAMES:
-            self._kinds[name] = code
-        return code
 
     def entry(self, step: int, t: float, payload: Mapping[Any, Any]) -> tuple | None:
         """The wire entry of one call; None when nothing in it is left to send."""
@@ -124,13 +95,13 @@ class Encoder:
         sketches: dict[int, bytes] = {}  # table row -> sketch, of distribution metrics
         dist = False
         c = self.counters
-        known = self._kinds
+        known = self.names.codes
         most = self.limits.max_names
         for name, v in payload.items():
             code = known.get(name) if type(name) is str else None
             if code is None:
-                code = self._kind(name)
-            if code == _BAD_NAME:
+                code = self.names.code(name)
+            if code == BAD_NAME:
                 c.invalid += 1
                 continue
             if v is INVALID:
@@ -147,17 +118,16 @@ class Encoder:
                     c.nonfinite += 1
                     continue
                 state, nf = Summary.of_scalar(x), 0
-                if code == _DIST:
-                    v = (state, nf, sketch_of_number(x))
+                sketch = sketch_of_number(x) if code == _DIST else None
             else:
                 try:
-                    if type(v) is not tuple:
+                    if type(v) is not Reduced:
                         v = v.state()  # a GPU value, ready by now
                 except InvalidValue as exc:
                     c.invalid += 1
                     self.warn_once(f"value:{name}", f"{name}: {exc}; that metric is dropped")
                     continue
-                state, nf = v[0], v[1]
+                state, nf, sketch = v
             if nf:
                 nonfinite[name] = nf
                 c.nonfinite += nf
@@ -181,8 +151,8 @@ class Encoder:
                 continue
             if code == _DIST:  # the row merges as a mean; the sketch rides beside it
                 dist = True
-                if type(v) is tuple and len(v) > 2:
-                    sketches[len(names)] = v[2]
+                if sketch is not None:
+                    sketches[len(names)] = sketch
                 code = _MEAN
             vals.extend(state)
             names.append(name)
@@ -260,17 +230,6 @@ def _plain_entry(step: int, t: float, table: int, payload: Mapping[Any, Any]) ->
 _ROW_TEMPLATES: dict[int, array.array] = {}
 """The rows of ``n`` one-sample summaries before their values are filled in, by ``n`` (at
 most one per length of a table: ``DEFAULT_LIMITS.max_names``)."""
-
-
-def _encodable(name: str) -> bool:
-    """Whether msgpack can carry ``name`` (a lone surrogate cannot be UTF-8 encoded)."""
-    if name.isascii():
-        return True
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def sketch_of_number(x: float) -> bytes:

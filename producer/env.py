@@ -9,11 +9,11 @@ from collections.abc import Mapping
 
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.wire.rendezvous import (
-    DEFAULT_ADDRESS as DEFAULT_ADDRESS,
+    DEFAULT_ADDRESS,
     RAY_NAMESPACE,
     relay_actor_name,
 )
-from rlpulse.wire.transport import CurveKeys as CurveKeys, load_curve as load_curve
+from rlpulse.wire.transport import CurveKeys, load_curve
 
 ADDRESS_VAR = "RLPULSE_ADDRESS"
 """Collector address for workers that are not told one (Ray actors inherit it via runtime_env)."""

@@ -10,164 +10,35 @@ bytes (a collector refuses a larger message; a call larger than that alone is dr
 counted, ``dropped_oversized``). Nothing a call holds may stop this thread: a call that
 cannot be encoded is dropped and counted. A message the collector refused anyway is
 acknowledged as rejected, and its calls are counted (``dropped_rejected``), not resent.
-Numbering, acknowledgements and resends are :class:`~rlpulse.producer.outbox.Outbox`'s;
-encoding is :class:`~rlpulse.producer.encode.Encoder`'s; bytes go through a
-:class:`~rlpulse.wire.transport.Transport`.
+The link protocol (hello, registration, sending, acknowledgements, heartbeats) is
+:class:`~rlpulse.producer.link.Session`'s; encoding is
+:class:`~rlpulse.producer.encode.Encoder`'s; the items queued for this thread and its wake-up
+are ``rlpulse.producer.handoff``'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
+from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.deferred import Pending
+from rlpulse.producer.copies import reduce_copies
 from rlpulse.producer.encode import INVALID, Encoder
 from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
+from rlpulse.producer.link import Session
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.reduce import Buffers, Rows, Snapshot, reduce_snapshots
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
-from rlpulse.schemas.errors import SchemaError
-from rlpulse.wire.transport import Link, Transport, TransportError
+from rlpulse.wire.transport import Transport
 
 log = logging.getLogger("rlpulse.producer")
 
-
-class Wake:
-    """The sender's wake-up, with ``threading.Event``'s interface on a ``SimpleQueue``:
-    waiting on it takes one C lock, where an Event's wait builds and juggles Python locks
-    (a third of the cost of an idle sender's wake-up). ``set`` queues a token only when
-    not set already; a token left by a ``set`` that no ``wait`` took makes one spurious,
-    harmless wake-up.
-
-    >>> w = Wake(); w.set(); w.wait(1.0), w.is_set()
-    (True, True)
-    """
-
-    __slots__ = ("_flag", "_tokens")
-
-    def __init__(self) -> None:
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._flag = False
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        if not self._flag:
-            self._flag = True
-            self._tokens.put(None)
-
-    def clear(self) -> None:
-        self._flag = False
-
-    def wait(self, timeout: float) -> bool:
-        """True once set (now, or within ``timeout`` seconds)."""
-        if self._flag:  # set already: its token, if still queued, is spent here
-            with contextlib.suppress(queue.Empty):
-                self._tokens.get_nowait()
-            return True
-        try:
-            self._tokens.get(timeout=timeout)
-        except queue.Empty:
-            return self._flag
-        return True
-
-
-class CallerFirst:
-    """The training thread's right of way. Torch ops and numpy copies in ``log()`` let go
-    of the GIL while they work; the sender thread takes it then, and ``log()`` gets it back
-    only when the sender next lets go (a socket call, a sleep) or after the interpreter's
-    switch interval (5 ms). So while ``log()`` runs (:meth:`enter`, :meth:`leave`), the
-    sender waits between calls it encodes (:meth:`wait`): in a caller-cost probe the slowest
-    2% of tensor steps waited 1.2-1.9 ms off the CPU without this; with it most ran on the
-    CPU throughout, and one or two calls a run still waited 0.5-1.3 ms (a sender unit already
-    under way when ``log()`` began, or the OS scheduling three busy threads on 2 cores).
-    The wait is bounded (:data:`YIELD_S` a cycle), so ``log()`` in a tight loop cannot
-    starve the sender. ``leave`` wakes a waiting sender (one ``SimpleQueue`` token); a token
-    left over from a race makes one early, harmless wake-up.
-    """
-
-    __slots__ = ("_tokens", "_waiting", "busy")
-
-    def __init__(self) -> None:
-        self.busy = False
-        self._waiting = False
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-
-    def enter(self) -> None:
-        self.busy = True
-
-    def leave(self) -> None:
-        self.busy = False
-        if self._waiting:
-            self._tokens.put(None)
-
-    def wait(self, until: float) -> None:
-        """In the sender: while ``log()`` runs, wait for it to end, not past ``until``
-        (``time.monotonic()``)."""
-        while self.busy:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            self._waiting = True
-            try:
-                if self.busy:  # read after _waiting is set: leave() sees one or the other
-                    self._tokens.get(timeout=left)
-            except queue.Empty:
-                return
-            finally:
-                self._waiting = False
-
-
-class Call(NamedTuple):
-    """A queued ``log()`` call: its step and wall time, its values by name (None once its GPU
-    values are lost: then only ``step`` and ``time`` still count), the device work they wait
-    for, whether it ends a phase (the sender then reads the GPUs), and the bytes of host
-    copies among its values (``rlpulse.producer.reduce.Snapshot``: 0, none to reduce).
-
-    >>> Call(7, time.time(), {"actor/pg_loss": 0.31}, (), False).step
-    7
-    """
-
-    step: int
-    time: float
-    payload: dict | None
-    waits: tuple[Pending, ...]
-    phase_end: bool
-    copied: int = 0
-
-
-class Done(NamedTuple):
-    """A queued ``step_done(step)``: this rank has finished every step up to ``step``.
-
-    >>> Done(7).step
-    7
-    """
-
-    step: int
-
-
-class Flush(NamedTuple):
-    """A queued ``flush()``: ``acked`` is set once everything queued before it is
-    acknowledged (or the sender stops).
-
-    >>> Flush(threading.Event()).acked.is_set()
-    False
-    """
-
-    acked: threading.Event
-
-
-Item = Call | Done | Flush
-"""What the caller's thread queues for the sender, in order."""
 
 MAX_ENTRIES_PER_MESSAGE = 256
 HELLO_EVERY = 5
@@ -176,15 +47,8 @@ POLL_S = 0.1
 """Longest sleep of the sender: acknowledgements and the connection are checked this often."""
 GPU_POLL_S = 0.002
 """How often the sender looks at CUDA events while log() calls wait for their GPU values."""
-ASK_ACK_S = 0.05
-"""While a ``flush()`` or ``close()`` waits, how often to ask the collector to acknowledge at
-once (it otherwise may wait ``collector.delivery.ACK_DELAY_S``)."""
 YIELD_S = 0.002
 """Longest the sender waits for ``log()`` calls to end in one cycle (:class:`CallerFirst`)."""
-SILENT_WARN_S = 5.0
-"""A producer no collector has answered (any ack, a hello's included) this long after it
-started warns once, naming its address: a wrong address is otherwise silent until
-``close()`` drops what was logged."""
 COALESCE_S = 0.0005
 """After a wake-up, how long queued calls may gather before they are sent as one message."""
 CYCLE_S = 0.005
@@ -233,10 +97,6 @@ class Sender(threading.Thread):
         self.caller = caller or CallerFirst()
         self._yield_until = 0.0
         """Until when this cycle waits for ``log()`` calls (:class:`CallerFirst`)."""
-        self.address = address
-        """Where the transport connects (named in warnings)."""
-        self._silent_since: float | None = time.monotonic()
-        """When this producer started, until a collector first answers (then None)."""
         self._stopping = threading.Event()
         self._close_timeout_s = config.close_timeout_s
         self.outbox = Outbox(
@@ -244,33 +104,38 @@ class Sender(threading.Thread):
             max_bytes=config.max_unacked_bytes,
             resend_s=config.resend_s,
         )
+        self.link = Session(
+            transport=transport,
+            registration=registration,
+            outbox=self.outbox,
+            counters=self.counters,
+            tables=lambda: encoder.tables,
+            stats=stats,
+            warn_once=warn_once,
+            stopping=self._stopping,
+            resend_s=config.resend_s,
+            max_unacked=config.max_unacked,
+            address=address,
+        )
+        """The link protocol: hello, registration, sending, acknowledgements, heartbeats."""
         self._waiting: deque[Item] = deque()
         """Queued calls in order, the oldest waiting for its GPU values to arrive."""
         self.released_bytes = 0
         """Host copies ``log()`` made (``Call.copied``) that this thread reduced and let go:
         written here only; the producer compares it with the bytes it copied."""
-        self._connected = self._ever_connected = self._refused = False
         self._next_gpu_sample = 0.0
         self._step: tuple[int, float] | None = None
         """The latest step a log() call reached the sender with, and that call's time."""
         self._done_through = -1
-        self._next_ask = 0.0
-        self.recorded_run = ""
-        """The run the collector records us under, when it says it is not ours (an attempt)."""
-        self._held = False
-        """The collector holds us back (flow control) and has not let us go on since."""
-        self._resync = False
-        """Reconnected with messages sent before: nothing goes out until the collector's first
-        answer says what it has (:meth:`_resend` from there)."""
-        self._resent: int | None = None
-        self._resent_at = 0.0
-        """The last resend: after which number, and when."""
-        self._told = dict.fromkeys(protocol.COLLECTOR_DROP_KEYS, 0)
-        """The collector's cumulative counts of our entries it left out, as last told."""
 
     @property
     def unacked(self) -> int:
         return self.outbox.unacked
+
+    @property
+    def recorded_run(self) -> str:
+        """The run the collector records us under, when it says it is not ours (an attempt)."""
+        return self.link.recorded_run
 
     def stop(self, timeout_s: float) -> None:
         """Ask the thread to send what is queued, say goodbye and end, taking at most
@@ -280,169 +145,6 @@ class Sender(threading.Thread):
         self.wake.set()
 
     # ------------------------------------------------------------------ the connection
-
-    def _watch(self, wait_s: float = 0.0) -> None:
-        """Apply connection events; on (re)connect say hello and resend everything unacked.
-        With ``wait_s``, wait that long for a connection, unless one is refused first."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            left = deadline - time.monotonic()
-            waiting = wait_s > 0 and left > 0 and not self._connected and not self._refused
-            events = self.transport.events(left if waiting else 0.0)
-            for event in events:
-                if event is Link.REFUSED:
-                    self._refused = True  # nobody listening there right now
-                    continue
-                was, self._connected = self._connected, event is Link.CONNECTED
-                self._refused = False
-                self._ever_connected |= self._connected
-                if self._connected != was:
-                    self.registration.reset()
-                if self._connected and not was:
-                    self._say_hello()
-                    # Sent before, unacknowledged: resent once the collector's first answer
-                    # says what it has (not all of it blindly: it may hold most).
-                    box = self.outbox
-                    self._resync = box.sent_seq > box.acked
-                    self._resent = None
-            if not (waiting and events):
-                return  # no wait asked, or the wait ran out with nothing
-
-    def _send(self, payload: bytes) -> bool:
-        try:
-            sent = self.transport.send(payload)
-        except TransportError as exc:
-            self.counters.errors += 1
-            self.warn_once("send-error", f"send failed: {exc}")
-            return False
-        if sent:
-            self.counters.sent_messages += 1
-        return sent
-
-    def _say_hello(self) -> None:
-        try:
-            hello = self.registration.hello(self.outbox.base(), self.encoder.tables)
-        except Exception as exc:  # the encoder keeps tables encodable: a bug, counted
-            self.counters.errors += 1
-            self.warn_once("hello", f"could not encode the hello ({exc!r}); nothing is sent")
-            return
-        if self._send(hello):
-            self.registration.sent_at = time.monotonic()
-
-    def _register(self) -> None:
-        """Send the hello if it is due (see :class:`~rlpulse.producer.outbox.Registration`)."""
-        if self._connected and self.registration.due(time.monotonic()):
-            self._say_hello()
-
-    def _pump(self) -> None:
-        """Send unsent messages in order until the transport refuses one. Nothing goes out
-        before the hello has on this connection."""
-        box = self.outbox
-        while self._connected and self.registration.data_may_follow and not self._resync:
-            item = box.next_unsent(time.monotonic())
-            if item is None or not self._send(item.payload):
-                return
-            box.sent()
-
-    def _read_acks(self) -> None:
-        while (payload := self.transport.receive()) is not None:
-            try:
-                msg = protocol.decode(payload)
-            except SchemaError as exc:
-                self.counters.errors += 1
-                self.warn_once("bad-ack", f"unreadable reply from the collector: {exc}")
-                continue
-            if isinstance(msg, protocol.Ack):
-                self.registration.answered = True  # any ack, a hello's answer included
-                self._silent_since = None
-                self.outbox.ack(msg.seq, time.monotonic())
-                self.outbox.asking |= msg.asks
-                if self._resync:  # a new connection's first answer: it lacks what is after it
-                    self._resync = False
-                    self._resend(msg.seq)
-                if msg.hold and not self._stopping.is_set():
-                    # Ahead of the other ranks: wait until the collector has room. Not at
-                    # close: the goodbye must reach it, and it takes a closing producer's data.
-                    self._held = True
-                    self.outbox.hold(time.monotonic())
-                if msg.resend:  # the collector lacks what is after msg.seq: it asks for it
-                    self._held = False
-                    self._resend(msg.seq)
-                elif msg.go:  # the collector has room again, and kept all we sent
-                    self._held = False
-                    self.outbox.go_on(time.monotonic())
-                if msg.late or msg.conflict or msg.rejected or msg.run or msg.names:
-                    self._feedback(msg)
-
-    def _resend(self, after: int) -> None:
-        """Send again what is unacknowledged, everything after ``after``, unless all of it
-        has just been resent (within ``resend_s``: the collector asked again, seeing a
-        message or heartbeat we sent before that resend reached it)."""
-        now = time.monotonic()
-        recent = now - self._resent_at < self.config.resend_s
-        if recent and self._resent is not None and after >= self._resent:
-            return
-        self._resent, self._resent_at = after, now
-        self.counters.resent_messages += self.outbox.resend_all(now)
-
-    def _feedback(self, ack: protocol.Ack) -> None:
-        """Count what the collector says it left out, and the run it records us under."""
-        ident = self.registration.identity
-        for key, told in (
-            ("dropped_late", ack.late),
-            ("dropped_conflict", ack.conflict),
-            ("dropped_rejected", ack.rejected),
-            ("dropped_names", ack.names),
-        ):
-            last, self._told[key] = self._told[key], told
-            # Less than before: a collector that restarted without its state counts afresh.
-            new = told - last if told >= last else told
-            if new > 0:
-                setattr(self.counters, key, getattr(self.counters, key) + new)
-                if key == "dropped_late":
-                    why = (
-                        "their step had already been emitted: a rank far behind the others, "
-                        "or a run name reused with resume=True"
-                    )
-                elif key == "dropped_conflict":
-                    why = (
-                        f"another process registered as {ident.role}/{ident.rank} of this run "
-                        "after this one"
-                    )
-                else:
-                    why = "it rejected their message as malformed: its log says why"
-                self.warn_once(
-                    key,
-                    f"the collector left out log() calls of this producer ({why}); counted in "
-                    f"stats()[{key!r}]",
-                )
-        if ack.run and ack.run != self.recorded_run:
-            self.recorded_run = ack.run
-            self.warn_once(
-                "attempt",
-                f"run {ident.run!r} had already ended on the collector: this process is "
-                f"recorded as a new attempt, {ack.run!r} (pass resume=True, or set "
-                "RLPULSE_RESUME=1, to continue the run instead)",
-            )
-
-    def _enqueue(self, encode: Callable[[int], bytes], entries: int, bounded: bool = True) -> None:
-        try:
-            added = self.outbox.add(encode, entries, bounded=bounded)
-        except Exception as exc:  # a value the wire cannot carry must not end this thread
-            self.counters.errors += max(entries, 1)
-            self.warn_once(
-                f"encode-message:{type(exc).__name__}",
-                f"could not encode a message ({exc!r}); its {entries} log() calls are dropped "
-                "(counted in stats() as errors)",
-            )
-            return
-        if not added:
-            self.counters.dropped_buffer_full += max(entries, 1)
-            self.warn_once(
-                "buffer-full",
-                f"{self.outbox.unacked} messages await acknowledgement; dropping new ones "
-                "(counted in stats())",
-            )
 
     # ------------------------------------------------------------------ the queue
 
@@ -484,6 +186,7 @@ class Sender(threading.Thread):
                 self._done_through = max(self._done_through, item.step)
                 self._flush_entries(entries, done=item.step)
             else:  # a Flush: set once everything before it is acknowledged
+                assert type(item) is Flush  # the queue holds Call, Done and Flush only
                 self._flush_entries(entries)
                 self.outbox.when_acked(item.acked)
             entries, size = [], 0
@@ -495,13 +198,15 @@ class Sender(threading.Thread):
         if self.encoder.new_tables:  # entries refer to a table the collector has not seen
             self.encoder.new_tables = False
             self.registration.reset()  # no data until a hello with it has gone out
-            self._say_hello()
+            self.link.say_hello()
         pid = self.producer_id
         if entries:
             batch = list(entries)
-            self._enqueue(lambda seq: protocol.encode_metrics(pid, seq, batch, done), len(batch))
+            self.link.enqueue(
+                lambda seq: protocol.encode_metrics(pid, seq, batch, done), len(batch)
+            )
         elif done >= 0:
-            self._enqueue(lambda seq: protocol.encode_done(pid, seq, done), 0)
+            self.link.enqueue(lambda seq: protocol.encode_done(pid, seq, done), 0)
 
     def _launch(self, call: Call) -> Call:
         """Queue the device work of a call; a failure (a CUDA error) loses that call's
@@ -532,44 +237,14 @@ class Sender(threading.Thread):
             f"a log() call's GPU values could not be read ({exc!r}); that call is dropped",
         )
 
-    def _reduce_copies(self, payload: dict, copied: int) -> None:
-        """Reduce (and sketch) the host samples ``log()`` copied
-        (``rlpulse.producer.reduce.Snapshot`` and ``Rows``), give their arrays back, and
-        release their ``copied`` bytes."""
-        names: list[str] = []
-        snaps: list[Snapshot] = []
-        blocks: dict[int, Rows] = {}  # one object under each of its names: reduced once
-        for name, value in payload.items():
-            if type(value) is Rows:
-                blocks[id(value)] = value
-            elif isinstance(value, Snapshot):
-                names.append(name)
-                snaps.append(value)
-        copies: list[Snapshot | Rows] = [*snaps, *blocks.values()]
-        for name, result in zip(names, reduce_snapshots(snaps), strict=True):
-            self._place(payload, name, result)
-        for rows in blocks.values():
-            for name, result in zip(rows.names, rows.reduce(), strict=True):
-                self._place(payload, name, result)
-        if self.buffers is not None:
-            masks: dict[int, Any] = {}  # a call's mask is shared by its copies: given once
-            for copy in copies:
-                self.buffers.give(copy.values)
-                if copy.mask is not None:
-                    masks[id(copy.mask)] = copy.mask
-            for mask in masks.values():
-                self.buffers.give(mask)
-        self.released_bytes += copied
-
-    def _place(self, payload: dict, name: str, result: Any) -> None:
-        """A copy's reduction into the payload; one that failed is counted, and the call's
-        other values still go."""
-        if isinstance(result, Exception):
-            payload[name] = INVALID
+    def _reduce_copies(self, payload: dict[Any, Any], copied: int) -> None:
+        """Reduce the host copies of a call (``rlpulse.producer.copies``) and release their
+        ``copied`` bytes."""
+        for name, failure in reduce_copies(payload, self.buffers):
+            payload[name] = INVALID  # counted here; the call's other values still go
             self.counters.invalid += 1
-            self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({result!r})")
-        else:
-            payload[name] = result
+            self.warn_once(f"reduce:{name}", f"{name}: cannot reduce it ({failure.reason})")
+        self.released_bytes += copied
 
     def _encode(self, call: Call) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is
@@ -639,56 +314,24 @@ class Sender(threading.Thread):
     def _cycle(self) -> None:
         self._yield_until = time.monotonic() + YIELD_S
         self.caller.wait(self._yield_until)
-        self._watch()
-        self._read_acks()
-        self._register()
+        self.link.watch()
+        self.link.read_acks()
+        self.link.register()
         self._drain()
         self._sample_gpus_now()
         now = time.monotonic()
-        if self._silent_since is not None and now - self._silent_since >= SILENT_WARN_S:
-            self._warn_silent(now - self._silent_since)
+        self.link.warn_if_silent(now)
         if self.outbox.stalled(now):  # acknowledgements stall: ask for one (or resend, to
             if self.outbox.asking:  # a collector that does not ask for what it lacks)
-                self._heartbeat(flush=True)
+                self.link.heartbeat(flush=True)
             else:
                 self.counters.resent_messages += self.outbox.resend_all(now)
-        self._pump()
+        self.link.pump()
         if self.outbox.awaited or self._stopping.is_set():
-            self._ask_for_acks(now)
-            self._read_acks()  # what came meanwhile: a flush or close ends the sooner
+            self.link.ask_for_acks(now)
+            self.link.read_acks()  # what came meanwhile: a flush or close ends the sooner
         # Otherwise acknowledgements wait for the next cycle's first read: one socket call
         # fewer a cycle, and an ack is rarely back within the cycle that sent its message.
-
-    def _warn_silent(self, silent_s: float) -> None:
-        """No collector has answered since start-up: say so once, naming the address."""
-        self._silent_since = None  # once
-        where = (
-            "connected, but no collector answered"
-            if self._ever_connected
-            else "nobody is listening there"
-        )
-        self.warn_once(
-            "silent",
-            f"no collector has answered at {self.address or 'its address'} in {silent_s:.0f} s "
-            f"({where}: a wrong address, or a collector not started?); log() calls are kept "
-            f"until one answers, up to max_unacked={self.config.max_unacked} messages, and "
-            "those still unsent at close() are dropped (counted in stats() as dropped_send)",
-        )
-
-    def _ask_for_acks(self, now: float) -> None:
-        """A flush or close waits: a heartbeat asking for the acknowledgement now."""
-        box = self.outbox
-        if box.unacked and self._connected and now >= self._next_ask:
-            self._next_ask = now + ASK_ACK_S
-            self._heartbeat(flush=True)
-
-    def _heartbeat(self, flush: bool = False) -> None:
-        self._send(
-            # seq: past the highest number sent, so the collector sees what it lacks
-            protocol.encode_heartbeat(
-                self.producer_id, self.outbox.sent_seq + 1, self.stats(), flush
-            )
-        )
 
     def run(self) -> None:
         try:
@@ -706,9 +349,9 @@ class Sender(threading.Thread):
                 cycled = time.monotonic()
                 if time.monotonic() >= next_beat:
                     beats += 1
-                    if beats % HELLO_EVERY == 0 and self._connected:
-                        self._say_hello()
-                    self._heartbeat()
+                    if beats % HELLO_EVERY == 0 and self.link.connected:
+                        self.link.say_hello()
+                    self.link.heartbeat()
                     next_beat = time.monotonic() + heartbeat_s
             deadline = time.monotonic() + self._close_timeout_s
             # Held back or not, send everything now: the collector parks what it cannot
@@ -719,10 +362,10 @@ class Sender(threading.Thread):
             # Keep a share of the time for the goodbye, even if the GPU never catches up.
             self._wait_for_gpu(deadline - min(0.5, self._close_timeout_s / 4))
             # Past a full buffer: without the bye the collector would wait for our last step.
-            self._enqueue(
+            self.link.enqueue(
                 lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0, False
             )
-            self._finish(deadline)
+            self.link.finish(deadline, self._cycle, self._close_timeout_s)
         except Exception as exc:  # the thread must end cleanly, whatever happened
             self.counters.errors += 1
             log.error("rlpulse sender stopped on an unexpected error: %r", exc)
@@ -754,55 +397,3 @@ class Sender(threading.Thread):
             if type(item) is Flush:
                 item.acked.set()
         self._waiting.clear()
-
-    def _finish(self, deadline: float) -> None:
-        """Until the deadline, send what is unacked and wait for the acknowledgements. A
-        producer that has been connected waits for a restarting collector to come back; one
-        that never reached a collector waits for a connection still being set up, but stops
-        as soon as one is refused (nobody listening)."""
-        while self.outbox.unacked and time.monotonic() < deadline:
-            if not self._connected:
-                self._refused = False
-                self._watch(wait_s=deadline - time.monotonic())
-                if not self._connected and not self._ever_connected:
-                    break
-            self._cycle()
-            if self.outbox.unacked:
-                time.sleep(0.005)
-        unsent, unconfirmed = self.outbox.lost_entries()
-        self.counters.dropped_send += unsent
-        self.counters.unconfirmed += unconfirmed
-        if unsent or unconfirmed:
-            if self._connected:  # the collector's producer_dropped_total counts it too
-                self._heartbeat()
-            ident = self.registration.identity
-            log.warning(
-                "rlpulse producer %s/%s closed after %.1fs: %s",
-                ident.role,
-                ident.rank,
-                self._close_timeout_s,
-                self._close_verdict(unsent, unconfirmed),
-            )
-
-    def _close_verdict(self, unsent: int, unconfirmed: int) -> str:
-        """What a close that gave up left behind, and why, in words."""
-        parts = []
-        if unsent:
-            parts.append(
-                f"{unsent} log() calls never sent, lost (stats() dropped_send): "
-                + ("no collector answered" if not self._ever_connected else "not connected")
-            )
-        if unconfirmed:
-            why = (
-                "the collector holds this producer back (flow control: it is ahead of its "
-                "run's other ranks by the collector's max_open_steps) and keeps them to merge "
-                "as the others catch up"
-                if self._held
-                else "the collector may hold them"
-            )
-            parts.append(
-                f"{unconfirmed} log() calls sent but not acknowledged in time (stats() "
-                f"unconfirmed): {why}; a step that misses them is flagged partial naming "
-                "this rank"
-            )
-        return "; ".join(parts)

@@ -2,8 +2,8 @@
 
 A name the catalog declares ``dist`` (``rlpulse.schemas.sketch``) is logged like any other (a
 tensor, a numpy array, ``Masked(x, mask)``, a number); ``log()`` then reduces it here instead
-of in ``rlpulse.producer.reduce``: the same exact ``(Summary, nonfinite)`` plus the sketch of
-the finite samples, encoded (``(Summary, nonfinite, sketch_bytes)``). GPU tensors go to
+of in ``rlpulse.producer.reduce``: the same exact :class:`~rlpulse.producer.reduce.Reduced`,
+with the encoded sketch of the finite samples in its ``sketch``. GPU tensors go to
 ``rlpulse.producer.device`` as every GPU value does, which sketches them on its side stream.
 
 >>> state, nonfinite, sketch = sketch_value(np.array([1.0, 2.0, np.nan]))
@@ -19,24 +19,21 @@ from typing import Any
 
 import numpy as np
 
+from rlpulse.producer.buffers import Buffers
+from rlpulse.producer.copies import Snapshot, snapshot_value as snapshot
 from rlpulse.producer.reduce import (
-    Buffers,
     InvalidValue,
     Reduced,
-    Snapshot,
     _is_tensor,
     _numpy,
     _numpy_view,
     reduce_value,
     selected,
-    snapshot_value as snapshot,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.reductions import Reduction
 from rlpulse.schemas.sketch import counts_of, decode, encode
-
-Sketched = tuple  # (Summary, nonfinite, bytes): a Reduced with the sketch's wire form
 
 
 def dist_names(catalog: Catalog) -> frozenset[str]:
@@ -62,12 +59,12 @@ class Samples(Snapshot):
 
     __slots__ = ()
 
-    def reduce(self) -> Reduced | Sketched:
+    def reduce(self) -> Reduced:
         """The exact state and the encoded sketch of the finite selected samples."""
         return _sketched(selected(self.values, self.mask))
 
 
-def sketch_now(value: Any) -> Reduced | Sketched:
+def sketch_now(value: Any) -> Reduced:
     """Reduce and sketch one value of a distribution metric at once: ``Weighted`` and
     ``Fraction`` (no samples to sketch: they pool into the mean only) reduced; samples (a
     number, a list, an array, a tensor, ``Masked``) sketched. Raises :class:`InvalidValue`."""
@@ -84,7 +81,7 @@ def snapshot_value(
     masks: dict[int, np.ndarray] | None = None,
     room: float = math.inf,
     buffers: Buffers | None = None,
-) -> Reduced | Sketched | Samples:
+) -> Reduced | Samples:
     """In ``log()``: host samples copied (:class:`Samples`, sketched by the sender thread)
     when their copies fit in ``room`` bytes; anything else (``Weighted``, ``Fraction``, lists,
     tensors numpy cannot view) reduced and sketched now (:func:`sketch_now`). Raises
@@ -92,21 +89,21 @@ def snapshot_value(
     return snapshot(value, masks, room, buffers=buffers, cls=Samples, least=1, now=sketch_now)
 
 
-def sketch_value(value: Any) -> Reduced | Sketched:
+def sketch_value(value: Any) -> Reduced:
     """Reduce one value of a distribution metric now (:func:`snapshot_value`, then
     :meth:`Samples.reduce`)."""
     snap = snapshot_value(value)
     return snap.reduce() if isinstance(snap, Samples) else snap
 
 
-def _sketched(arr: np.ndarray) -> Reduced | Sketched:
-    state, nonfinite = _numpy(arr, None)
-    if state.weight <= 0:
-        return (state, nonfinite)
+def _sketched(arr: np.ndarray) -> Reduced:
+    reduced = _numpy(arr, None)
+    if reduced.state.weight <= 0:
+        return reduced
     x = arr.astype(np.float64, copy=False)
-    if nonfinite:
+    if reduced.nonfinite:
         x = x[np.isfinite(x)]
-    return (state, nonfinite, encode(counts_of(x)))
+    return Reduced(reduced.state, reduced.nonfinite, encode(counts_of(x)))
 
 
 def merged(sketches: Iterable[bytes]) -> np.ndarray:

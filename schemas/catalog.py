@@ -209,6 +209,9 @@ class Catalog:
                     self._outputs[out] = (entry, stat)
         self.templates: tuple[Template, ...] = tuple(templates)
         self._cache: dict[str, Resolved] = {}
+        self._near_index: _NearIndex | None = None
+        """The fixed names (entries and their outputs) for :meth:`near_miss`, built on its
+        first use."""
 
     def __contains__(self, name: str) -> bool:
         return self.resolve(name).known
@@ -263,9 +266,88 @@ class Catalog:
                 )
         return None
 
+    def near_miss(self, name: str) -> str | None:
+        """The catalog name ``name`` is most likely a misspelling of, or None.
+
+        The rule: a name the catalog does not know (:meth:`resolve`) that is within
+        :func:`near_edits` single-character edits (insert, delete or replace) of an entry's
+        name or one of its output names: one edit for names under 10 characters, two from
+        10 on. Template instances are not compared (their parameters vary by design).
+
+        >>> from rlpulse.schemas.metrics import CATALOG
+        >>> CATALOG.near_miss("actor/pg_los"), CATALOG.near_miss("my/own_metric")
+        ('actor/pg_loss', None)
+        """
+        if self.resolve(name).known:
+            return None
+        most = near_edits(name)
+        index = self._near_index
+        if index is None:
+            index = self._near_index = _near_index({*self.entries, *self._outputs})
+        best: tuple[int, str] | None = None
+        by_length = index[most]
+        for length in range(len(name) - most, len(name) + most + 1):
+            for known, first, second, third in by_length.get(length, ()):
+                # ``most`` edits leave one of ``most + 1`` chunks of ``known`` intact (with
+                # one edit, ``third`` is empty, found in any name: ``first`` and ``second``
+                # then decide alone).
+                if not (first in name or second in name or (most == 2 and third in name)):
+                    continue
+                d = _edits_within(name, known, most)
+                if d is not None and (best is None or (d, known) < best):
+                    best = (d, known)
+        return None if best is None else best[1]
+
     def output_names(self) -> Iterator[str]:
         """Every reported name of the fixed entries, and one example per template combination."""
         for entry in self.entries.values():
             yield from entry.output_names().values()
         for template in self.templates:
             yield from template.examples()
+
+
+_NearIndex = dict[int, dict[int, list[tuple[str, str, str, str]]]]
+"""Edits allowed -> name length -> (name, its ``edits + 1`` chunks, padded with "")."""
+
+
+def _near_index(names: Iterable[str]) -> _NearIndex:
+    """``names`` by length, each with its chunks for one and for two edits: a name within
+    ``k`` edits of another holds one of its ``k + 1`` disjoint chunks unchanged, so a name
+    holding none of them is passed over at the cost of a substring search or three."""
+    index: _NearIndex = {1: {}, 2: {}}
+    for name in names:
+        for most, by_length in index.items():
+            cut = [len(name) * i // (most + 1) for i in range(most + 2)]
+            chunks = [name[cut[i] : cut[i + 1]] for i in range(most + 1)] + [""]
+            by_length.setdefault(len(name), []).append((name, chunks[0], chunks[1], chunks[2]))
+    return index
+
+
+def near_edits(name: str) -> int:
+    """How many edits away from a catalog name ``name`` counts as a near miss
+    (:meth:`Catalog.near_miss`): one under 10 characters, two from 10 on."""
+    return 1 if len(name) < 10 else 2
+
+
+def _edits_within(a: str, b: str, most: int) -> int | None:
+    """The edit (Levenshtein) distance of ``a`` and ``b`` if at most ``most``, else None: the
+    dynamic programme over the band ``|i - j| <= most`` only, ending as soon as a whole row
+    is past ``most``."""
+    if abs(len(a) - len(b)) > most:
+        return None
+    far = most + 1
+    prev = [j if j <= most else far for j in range(len(b) + 1)]
+    for i in range(1, len(a) + 1):
+        row = [far] * (len(b) + 1)
+        if i <= most:
+            row[0] = i
+        ca = a[i - 1]
+        for j in range(max(1, i - most), min(len(b), i + most) + 1):
+            cost = prev[j - 1] + (ca != b[j - 1])
+            cost = min(cost, prev[j] + 1, row[j - 1] + 1)
+            row[j] = cost if cost <= most else far
+        if min(row) > most:
+            return None
+        prev = row
+    d = prev[len(b)]
+    return d if d <= most else None

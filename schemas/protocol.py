@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from rlpulse.schemas import protocol_v1
-from rlpulse.schemas.endpoint import MetricsUrl
+from rlpulse.schemas.checks import checked
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import (
     COLLECTOR_DROP_KEYS as COLLECTOR_DROP_KEYS,
@@ -144,7 +144,7 @@ def packed_bytes(entry: tuple) -> int:
     return size
 
 
-def declared_bytes(names: Sequence[str], kinds: bytes) -> int:
+def declared_bytes(names: Sequence[str], kinds: bytes | bytearray) -> int:
     """An upper bound of the bytes a :class:`TableDecl` of these names takes in a hello."""
     return 24 + len(kinds) + sum(5 + len(name.encode()) for name in names)
 
@@ -203,85 +203,6 @@ def _reason(buf: bytes, exc: msgspec.ValidationError) -> SchemaError:
     return SchemaError("bad_field", detail)
 
 
-def _valid_tables(
-    msg: Hello | RelayHello, limits: Limits, problems: list[SchemaError] | None
-) -> Hello | RelayHello:
-    """``msg`` without the tables that break the limits, each reported in ``problems``: one
-    bad name must not cost the producer its other tables (entries of a table left out are
-    then counted ``bad_table``, one by one)."""
-    if len({t.id for t in msg.tables}) != len(msg.tables):
-        raise SchemaError("bad_field", "a hello declares the same table number twice")
-    bad: set[int] = set()
-    for decl in msg.tables:
-        try:
-            Table.checked(decl.names, decl.kinds, limits)
-        except SchemaError as exc:
-            bad.add(decl.id)
-            if problems is not None:
-                problems.append(SchemaError(exc.reason, f"table {decl.id}: {exc.detail}", decl.id))
-    if not bad:
-        return msg
-    return msgspec.structs.replace(msg, tables=[t for t in msg.tables if t.id not in bad])
-
-
-def _checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) -> Message:
-    """What the structs' types cannot say: limits, and the tables of a hello."""
-    if type(msg) is Metrics:
-        if not 0 < len(msg.entries) <= limits.max_entries:
-            raise SchemaError(
-                "bad_envelope", f"a metrics message holds 1..{limits.max_entries} entries"
-            )
-        return msg
-    if type(msg) is Hello:
-        lab = limits.max_label_length
-        for what, value, limit in (
-            ("run name", msg.run, lab),
-            ("role", msg.role, lab),
-            ("host name", msg.host, 255),
-        ):
-            if not 0 < len(value) <= limit:
-                raise SchemaError(
-                    "bad_field", f"{what} must be 1..{limit} characters, got {value!r:.80}"
-                )
-        if msg.rank >= msg.world_size:
-            raise SchemaError(
-                "bad_field", f"rank {msg.rank} is not below world size {msg.world_size}"
-            )
-        protocol_v1.checked_roles(msg.expected, lab)
-        _checked_endpoint(msg.metrics_url, msg.logs)
-        return _valid_tables(msg, limits, problems)
-    if type(msg) is RelayHello:
-        for member in msg.members:
-            lab = limits.max_label_length
-            if not (0 < len(member.run) <= lab and 0 < len(member.role) <= lab):
-                raise SchemaError("bad_field", "a member's run and role must be 1..128 characters")
-            if member.rank >= member.world_size:
-                raise SchemaError("bad_field", "a member's rank is not below its world size")
-            _checked_endpoint(member.metrics_url, member.logs)
-        return _valid_tables(msg, limits, problems)
-    if type(msg) is Delta:
-        lab = limits.max_label_length
-        if not len(msg.run) <= lab:
-            raise SchemaError("bad_field", "a delta's run name is too long")
-        for _, span in msg.spans:
-            if max(len(span.role), len(span.cluster), len(span.phase), len(span.host)) > 255:
-                raise SchemaError("bad_field", "a span's role, phase or host is too long")
-    if type(msg) is Heartbeat:
-        stats = protocol_v1.checked_stats(msg.stats)
-        return Heartbeat(msg.producer, msg.seq, stats, msg.flush)
-    if type(msg) is Bye:
-        return Bye(msg.producer, msg.seq, protocol_v1.checked_stats(msg.stats))
-    return msg
-
-
-def _checked_endpoint(metrics_url: str, logs: bool) -> None:
-    """A registered metrics URL is well formed; a producer that logs nothing registers one."""
-    if metrics_url:
-        MetricsUrl.parse(metrics_url)
-    elif not logs:
-        raise SchemaError("bad_field", "a producer that logs nothing must register a metrics URL")
-
-
 def decode(
     buf: bytes, limits: Limits = DEFAULT_LIMITS, problems: list[SchemaError] | None = None
 ) -> Message:
@@ -302,7 +223,7 @@ def decode(
         raise SchemaError(
             "bad_msgpack", f"not a msgpack document: {type(exc).__name__}: {exc}"[:200]
         ) from None
-    return _checked(msg, limits, problems)
+    return checked(msg, limits, problems)
 
 
 class Rejected(msgspec.Struct, frozen=True, gc=False):

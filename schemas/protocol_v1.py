@@ -14,17 +14,17 @@ import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
 
+from rlpulse.schemas.checks import checked_roles, checked_stats
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import (
     DEFAULT_LIMITS,
     MAX_STEP,
-    RELAY_STAT_KEYS,
     ROW_BYTES,
-    STAT_KEYS,
     U63_MAX,
     Ack,
     Bye,
@@ -154,9 +154,10 @@ def encode_ack(
 
 def _members(raw: object) -> tuple[tuple[int, int], ...]:
     """An ack's ``m``: ``[[member, late], ...]`` (at most ``MAX_ACK_MEMBERS`` pairs)."""
-    ok = type(raw) is list and len(raw) <= MAX_ACK_MEMBERS
+    listed = raw if type(raw) is list and len(raw) <= MAX_ACK_MEMBERS else None
+    ok = listed is not None
     pairs = []
-    for pair in raw if ok else ():  # type: ignore[union-attr]
+    for pair in listed or ():
         if not (
             type(pair) is list
             and len(pair) == 2
@@ -203,40 +204,6 @@ def _stats(obj: Mapping) -> dict[str, int]:
     return checked_stats(raw)
 
 
-def checked_stats(raw: Mapping) -> dict[str, int]:
-    """The known counters of a stats map (missing ones read as 0, unknown ones are left; a
-    relay's own, ``RELAY_STAT_KEYS``, only where present)."""
-    out: dict[str, int] = {}
-    for key in (*STAT_KEYS, *(k for k in RELAY_STAT_KEYS if k in raw)):
-        value = raw.get(key, 0)
-        if type(value) is not int or value < 0:
-            raise SchemaError(
-                "bad_field", f"stat {key!r} must be a non-negative integer, got {value!r:.80}"
-            )
-        out[key] = value
-    return out
-
-
-def checked_roles(raw: object, limit: int) -> dict[str, int]:
-    """A declared topology: at most 64 role names, each with a world size."""
-    if not isinstance(raw, dict) or len(raw) > 64:
-        raise SchemaError(
-            "bad_field", "roles must be a map of at most 64 role names to world sizes"
-        )
-    for role, ws in raw.items():
-        if (
-            type(role) is not str
-            or not 0 < len(role) <= limit
-            or type(ws) is not int
-            or not 1 <= ws <= 1 << 24
-        ):
-            raise SchemaError(
-                "bad_field",
-                f"roles: {role!r:.40} -> {ws!r:.20} is not a role name and a world size",
-            )
-    return raw
-
-
 _TABLES: dict[tuple, Table] = {}
 """Name lists already validated -> their table. Producers send the same list step after step;
 re-checking 60 names each time was a quarter of the collector's decode time."""
@@ -244,7 +211,9 @@ _TABLES_SIZE = 4096
 
 
 def _table(names: object, kinds: object, limits: Limits) -> Table:
+    key: tuple[Any, ...] | None
     try:
+        # names as received: a TypeError below says it is no list of hashable names.
         key = (limits, tuple(names), kinds)  # type: ignore[arg-type]
         table = _TABLES.get(key)
     except TypeError:  # not a list, or an unhashable element: certainly not names

@@ -14,7 +14,7 @@ import re
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import zmq
 
@@ -130,7 +130,7 @@ class ZmqTransport:
         return True
 
     def receive(self) -> bytes | None:
-        if not self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not cast(int, self._socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             return None  # the cheap check: no exception, no poll
         try:
             return self._socket.recv(zmq.NOBLOCK)
@@ -138,10 +138,10 @@ class ZmqTransport:
             return None
 
     def events(self, wait_s: float = 0.0) -> list[Link]:
-        monitor, out = self._monitor, []
+        monitor, out = self._monitor, cast(list[Link], [])
         if wait_s > 0 and not monitor.poll(int(wait_s * 1000)):
             return out
-        while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while cast(int, monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             event = int.from_bytes(monitor.recv_multipart()[0][:2], "little")
             if event == zmq.EVENT_CONNECT_RETRIED:
                 out.append(Link.REFUSED)

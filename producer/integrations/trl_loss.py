@@ -108,7 +108,7 @@ class LossHook:
             elif loss_type == "vespo":
                 reduced.append((VESPO_PHI, MEAN))
             extra_terms |= bool(getattr(trainer, "_entropy_bonus_enabled", False))
-            weight = "tokens" if loss_type in _TOKEN_LOSSES else "sequences"
+            weight: str | None = "tokens" if loss_type in _TOKEN_LOSSES else "sequences"
             if loss_type not in _TOKEN_LOSSES | _SEQUENCE_LOSSES:
                 weight = None
             return cls(tuple(reduced), None if extra_terms else weight)

@@ -47,14 +47,9 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
-from rlpulse.producer.integrations.verl_loss import (
-    META_KEY,
-    REDUCTIONS,
-    STEP_KEY,
-    LossHook,
-    check,
-    exact_names,
-)
+from rlpulse.producer.integrations.verl_compat import check
+from rlpulse.producer.integrations.verl_loss import META_KEY, STEP_KEY, LossHook
+from rlpulse.producer.integrations.verl_states import REDUCTIONS, exact_names
 from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.integrations.verl")
@@ -276,8 +271,9 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
 
     setattr(Tracking, _MARK, (original_init, original_finish))
     Tracking.supported_backend = [*Tracking.supported_backend, BACKEND]
-    Tracking.__init__ = __init__  # type: ignore[method-assign]
-    Tracking.finish = finish  # type: ignore[method-assign]
+    # setattr: a method assignment (mypy's method-assign, where verl's types are installed).
+    setattr(Tracking, "__init__", __init__)  # noqa: B010
+    setattr(Tracking, "finish", finish)  # noqa: B010
 
 
 def unregister() -> None:
@@ -291,7 +287,8 @@ def unregister() -> None:
     originals = vars(Tracking).get(_MARK)
     if originals is None:
         return
-    Tracking.__init__, Tracking.finish = originals  # type: ignore[method-assign]
+    setattr(Tracking, "__init__", originals[0])  # noqa: B010
+    setattr(Tracking, "finish", originals[1])  # noqa: B010
     Tracking.supported_backend = [b for b in Tracking.supported_backend if b != BACKEND]
     delattr(Tracking, _MARK)
 

@@ -11,27 +11,15 @@ averaged over the mini-batches of the step.
 :class:`LossHook` (installed by ``rlpulse.producer.integrations.verl.register``, Ray's
 ``worker_process_setup_hook``, so before verl's workers bind their loss functions) wraps verl's
 own functions, and for every training micro-batch of every actor and critic worker logs, under
-verl's names, for the driver's ``global_steps``:
-
-* ``actor/pg_loss``, ``critic/vf_loss``: ``Weighted(mean, weight)`` from the very loss tensor verl
-  back-propagates, un-normalised from the global mini-batch to the micro-batch: weighted by
-  tokens (``loss_agg_mode`` ``token-mean``) or sequences (the ``seq-mean-*`` modes); not sent
-  (verl's value stays) under ``token-sum``, a sum rather than a mean;
-* ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``: ``Fraction(clipped tokens, tokens)``, and
-  ``actor/ppo_kl``: ``Weighted(token mean, tokens)``, recomputed from the tensors verl passes to
-  its ``vanilla`` policy loss (verl reads its own values back with ``.item()``; the hook reads
-  nothing back);
-* ``critic/vf_clipfrac`` (``Fraction``) and ``critic/vpred_mean`` (``Weighted``): from the
-  tensor ``compute_value_loss`` returns, before ``value_loss`` reads it back, and its inputs.
+verl's names, for the driver's ``global_steps``, the states ``verl_states`` lists.
 
 No collective, no copy to the host, no ``.item()``: the states are tensors the producer reduces
 later. The step and the run travel with the batch: the driver's ``_update_actor`` and
 ``_update_critic`` put them into the batch's meta data (``rlpulse``, and ``global_steps``),
 which verl hands to every micro-batch. The functions are wrapped as their modules are imported
-(:class:`OnImport`), so a Ray process that never trains pays no import. Which functions are
-wrapped and what they compute is verl's code, so the hook is pinned to the verl versions it was
-tested with (:data:`TESTED_VERL`, :func:`check`) and checks the signatures it wraps
-(:func:`check_losses`, :func:`check_trainer`), failing with ConfigError naming the version.
+(``verl_compat.OnImport``), so a Ray process that never trains pays no import. What they
+compute is verl's code: the verl versions the hook was tested with and the signatures it
+wraps are checked in ``verl_compat``; the states' maths, which needs no verl, is ``verl_states``.
 ``actor/entropy`` needs no hook: verl 0.9's driver computes it over the whole batch.
 
 >>> # hook = LossHook(producer_for, batch_meta); hook.install() ... hook.uninstall()
@@ -40,9 +28,6 @@ tested with (:data:`TESTED_VERL`, :func:`check`) and checks the signatures it wr
 from __future__ import annotations
 
 import contextvars
-import importlib.abc
-import importlib.machinery
-import inspect
 import logging
 import os
 import sys
@@ -52,17 +37,26 @@ from functools import wraps
 from types import ModuleType
 from typing import Any, Protocol
 
-from rlpulse.producer.values import Fraction, Weighted
-from rlpulse.schemas.errors import ConfigError
+from rlpulse.producer.integrations.verl_compat import (
+    LOSSES,
+    TRAINER_METHODS,
+    TRAINERS,
+    OnImport,
+    check_losses,
+    check_trainer,
+)
+from rlpulse.producer.integrations.verl_states import (
+    ACTOR_ROLE,
+    CRITIC_ROLE,
+    PG_LOSS,
+    POLICY_LOSSES,
+    VF_LOSS,
+    loss_state,
+    value_states,
+    vanilla_states,
+)
 
 log = logging.getLogger("rlpulse.integrations.verl")
-
-TESTED_VERL = ("0.9",)
-"""verl versions (major.minor) whose loss functions and trainers this hook was checked against."""
-
-ACTOR_ROLE = "actor"
-CRITIC_ROLE = "critic"
-"""The roles the hooked workers log as (rank and world size: the worker's ``RANK``, ``WORLD_SIZE``)."""
 
 STEP_KEY = "global_steps"
 """The batch meta data key the driver's step also travels under (verl's own name for it), for
@@ -71,65 +65,6 @@ META_KEY = "rlpulse"
 """The batch meta data key of what the hooked workers read: ``{"step", "run", "address"}``;
 ``step`` None when the driver has no ``rlpulse`` backend (the workers then log nothing)."""
 
-PG_LOSS = "actor/pg_loss"
-PG_CLIPFRAC = "actor/pg_clipfrac"
-PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
-PPO_KL = "actor/ppo_kl"
-VF_LOSS = "critic/vf_loss"
-VF_CLIPFRAC = "critic/vf_clipfrac"
-VPRED_MEAN = "critic/vpred_mean"
-
-REDUCTIONS = {
-    PG_CLIPFRAC: "fraction",
-    PPO_KL: "mean",
-    VF_LOSS: "mean",
-    VF_CLIPFRAC: "fraction",
-    VPRED_MEAN: "mean",
-}
-"""How the hook's names outside rlpulse's catalog merge (``actor/pg_loss`` and
-``actor/pg_clipfrac_lower`` are catalog entries)."""
-
-POLICY_LOSSES = ("vanilla",)
-"""verl policy losses whose clip fractions and KL the hook recomputes."""
-MEAN_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-"""``loss_agg_mode`` values under which verl's loss is a mean (``token-sum`` is a sum)."""
-DATA_PARALLEL = ("fsdp", "fsdp2")
-"""Strategies where every worker is its own data-parallel rank (no tensor, pipeline or sequence
-parallel group holding the same micro-batch twice)."""
-
-LOSSES = "verl.workers.utils.losses"
-"""verl's loss functions (``ppo_loss``, ``value_loss``)."""
-TRAINERS = {
-    "verl.trainer.ppo.ray_trainer": "RayPPOTrainer",
-    "verl.trainer.ppo.v1.trainer_base": "PPOTrainer",
-}
-"""verl's PPO driver classes (v0, v1) whose updates carry the step to the workers."""
-TRAINER_METHODS = ("_update_actor", "_update_critic")
-
-# The signatures the wrappers take and pass on unchanged.
-_PPO_LOSS = ("config", "model_output", "data", "dp_group")
-_POLICY_LOSS = (
-    "old_log_prob",
-    "log_prob",
-    "advantages",
-    "response_mask",
-    "loss_agg_mode",
-    "config",
-    "rollout_is_weights",
-)
-_VALUE_LOSS = (
-    "vpreds",
-    "returns",
-    "values",
-    "response_mask",
-    "cliprange_value",
-    "loss_agg_mode",
-    "dp_size",
-    "batch_num_tokens",
-    "global_batch_size",
-    "loss_scale_factor",
-)
-
 
 class Sink(Protocol):
     def log(self, data: Mapping[str, Any], step: int) -> None: ...
@@ -137,191 +72,6 @@ class Sink(Protocol):
 
 ProducerFor = Callable[[str, str | None, str | None], Sink]
 """(role, run, address) -> the producer a worker's micro-batches go to."""
-
-
-def check_version(version: str) -> None:
-    """ConfigError naming ``version`` unless its major.minor is one of :data:`TESTED_VERL`."""
-    if ".".join(version.split(".")[:2]) not in TESTED_VERL:
-        raise ConfigError(
-            "rlpulse.producer.integrations.verl.register",
-            f"verl {version} is not a version the exact loss hook was tested with "
-            f"({', '.join(TESTED_VERL)}); set RLPULSE_VERL_EXACT=0 in the job's env_vars to send "
-            "verl's own values of its loss metrics",
-            version,
-        )
-
-
-def check_trainer(cls: type) -> None:
-    """ConfigError naming verl's version unless ``cls`` (verl's PPO trainer) has the actor and
-    critic updates the hook passes the step through."""
-    import verl
-
-    missing = [m for m in TRAINER_METHODS if not callable(vars(cls).get(m))]
-    if missing:
-        version = getattr(verl, "__version__", "unknown")
-        raise ConfigError(
-            "rlpulse.producer.integrations.verl.register",
-            f"verl {version}'s {cls.__qualname__} has no {', '.join(missing)}: the exact loss "
-            "hook cannot pass the step to the workers; set RLPULSE_VERL_EXACT=0",
-            version,
-        )
-
-
-def _params(function: Any) -> tuple[str, ...]:
-    return tuple(inspect.signature(function).parameters)
-
-
-def check() -> None:
-    """ConfigError naming the verl version unless it is one the hook was tested with (what
-    :func:`register` checks at once; the functions it wraps are checked when imported)."""
-    import verl
-
-    check_version(getattr(verl, "__version__", "unknown"))
-
-
-def check_losses(losses: ModuleType) -> None:
-    """ConfigError naming verl's version when the functions the hook wraps in ``losses``
-    (``verl.workers.utils.losses``) are missing or have other signatures."""
-    import verl
-
-    version = getattr(verl, "__version__", "unknown")
-    try:
-        from verl.trainer.ppo import core_algos
-
-        expected = {
-            "ppo_loss": (losses.ppo_loss, _PPO_LOSS),
-            "value_loss": (losses.value_loss, _PPO_LOSS),
-            "compute_value_loss": (losses.compute_value_loss, _VALUE_LOSS),
-            "POLICY_LOSS_REGISTRY['vanilla']": (
-                core_algos.POLICY_LOSS_REGISTRY["vanilla"],
-                _POLICY_LOSS,
-            ),
-        }
-        problems = [
-            f"{name}{_params(function)}"
-            for name, (function, params) in expected.items()
-            if _params(getattr(function, "__wrapped__", function)) != params
-        ]
-        if not callable(getattr(losses, "get_policy_loss_fn", None)):
-            problems.append("get_policy_loss_fn missing")
-    except (ImportError, AttributeError, KeyError) as exc:
-        problems = [repr(exc)]
-    if problems:
-        raise ConfigError(
-            "rlpulse.producer.integrations.verl.register",
-            f"verl {version}'s loss functions are not what the exact loss hook wraps "
-            f"({'; '.join(problems)}); set RLPULSE_VERL_EXACT=0 to send verl's own values",
-            version,
-        )
-
-
-# ------------------------------------------------------------------ which names are exact
-
-
-def actor_names(loss_mode: str, loss_agg_mode: str, strategy: str, sp_size: int) -> tuple[str, ...]:
-    """The actor metrics the hook logs exactly under this configuration (none where it cannot:
-    another policy loss, model or sequence parallelism)."""
-    if loss_mode not in POLICY_LOSSES or strategy not in DATA_PARALLEL or sp_size > 1:
-        return ()
-    ratios = (PG_CLIPFRAC, PG_CLIPFRAC_LOWER, PPO_KL)
-    return (PG_LOSS, *ratios) if loss_agg_mode in MEAN_MODES else ratios
-
-
-def critic_names(loss_agg_mode: str, strategy: str, sp_size: int) -> tuple[str, ...]:
-    """The critic metrics the hook logs exactly under this configuration."""
-    if strategy not in DATA_PARALLEL or sp_size > 1:
-        return ()
-    ratios = (VF_CLIPFRAC, VPRED_MEAN)
-    return (VF_LOSS, *ratios) if loss_agg_mode in MEAN_MODES else ratios
-
-
-def _sp_size(section: Mapping[str, Any]) -> int:
-    fsdp = section.get("fsdp_config") or {}
-    return max(
-        int(section.get("ulysses_sequence_parallel_size") or 1),
-        int(fsdp.get("ulysses_sequence_parallel_size") or 1) if isinstance(fsdp, Mapping) else 1,
-    )
-
-
-def exact_names(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """The names the workers log exactly for verl's (resolved) ``config``: the driver leaves its
-    own values of them out. The workers decide the same from the same configuration."""
-    # With distillation, verl's distillation loss calls ppo_loss (the wrapped one) for the
-    # policy-gradient part; without it neither verl nor the hook has these metrics.
-    section = (config.get("actor_rollout_ref") or {}).get("actor") or {}
-    policy = section.get("policy_loss") or {}
-    actor = actor_names(
-        policy.get("loss_mode", "vanilla"),
-        section.get("loss_agg_mode", "token-mean"),
-        section.get("strategy", "fsdp"),
-        _sp_size(section),
-    )
-    critic = config.get("critic") or {}
-    return actor + critic_names(
-        critic.get("loss_agg_mode", "token-mean"),
-        critic.get("strategy", "fsdp"),
-        _sp_size(critic),
-    )
-
-
-# ------------------------------------------------------------------ the states
-
-
-def loss_state(
-    loss: Any,
-    loss_agg_mode: str,
-    mask: Any,
-    dp_size: int,
-    batch_num_tokens: Any,
-    global_batch_size: Any,
-) -> Weighted | None:
-    """The micro-batch's own mean loss and its weight, from verl's ``agg_loss`` result, which is
-    normalised by the global mini-batch (``batch_num_tokens`` tokens or ``global_batch_size``
-    sequences over ``dp_size`` ranks): ``Weighted`` pools them to the tokens' (or sequences')
-    mean. None under ``token-sum`` (a sum, not a mean). Tensors in, tensors out: nothing read."""
-    loss = loss.detach().double()
-    if loss_agg_mode == "token-mean":
-        tokens = mask.sum()
-        if batch_num_tokens is None:  # verl normalised by this micro-batch's tokens
-            return Weighted(loss, tokens)
-        return Weighted(loss * (batch_num_tokens / dp_size) / tokens.clamp(min=1), tokens)
-    if loss_agg_mode in MEAN_MODES:
-        if global_batch_size is None:  # verl normalised by this micro-batch's sequences
-            return Weighted(loss, (mask.sum(-1) > 0).sum())
-        sequences = mask.shape[0]
-        return Weighted(loss * (global_batch_size / dp_size / sequences), sequences)
-    return None
-
-
-def vanilla_states(
-    old_log_prob: Any, log_prob: Any, advantages: Any, response_mask: Any, config: Any
-) -> dict[str, Any]:
-    """``actor/ppo_kl``, ``actor/pg_clipfrac`` and ``actor/pg_clipfrac_lower`` of one micro-batch
-    as mergeable states, computed as verl 0.9's ``compute_policy_loss_vanilla`` does."""
-    import torch
-
-    clip = config.clip_ratio
-    low = config.clip_ratio_low if config.clip_ratio_low is not None else clip
-    high = config.clip_ratio_high if config.clip_ratio_high is not None else clip
-    clip_c = config.get("clip_ratio_c", 3.0)
-    mask = response_mask.detach().bool()
-    tokens = mask.sum()
-    log_ratio = torch.clamp(log_prob.detach() - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
-    advantages = advantages.detach()
-    loss1 = -advantages * ratio
-    loss2 = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-    clipped = torch.gt(loss2, loss1) & mask
-    lower = torch.gt(torch.maximum(loss1, loss2), -advantages * clip_c) & (advantages < 0) & mask
-    kl_sum = torch.where(mask, -log_ratio, 0.0).double().sum()
-    return {
-        PPO_KL: Weighted(kl_sum / tokens.clamp(min=1), tokens),
-        PG_CLIPFRAC: Fraction(clipped.sum(), tokens),
-        PG_CLIPFRAC_LOWER: Fraction(lower.sum(), tokens),
-    }
-
-
-# ------------------------------------------------------------------ the hook
 
 
 @dataclass(frozen=True)
@@ -444,7 +194,7 @@ class LossHook:
 
         @wraps(original)
         def update(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            info = getattr(batch, "meta_info", None)
+            info: Any = getattr(batch, "meta_info", None)  # a dict, where keys are added
             if not isinstance(info, dict):
                 info = getattr(batch, "extra_info", None)
             added: list[str] = []
@@ -565,31 +315,24 @@ class LossHook:
                 config=config,
                 rollout_is_weights=rollout_is_weights,
             )
-            scope = _SCOPE.get(None)
             info = getattr(config, "global_batch_info", None) or {}
-            if (
-                scope is not None
-                and scope.role == ACTOR_ROLE
-                and hook._data_parallel(ACTOR_ROLE, info.get("dp_size"))
-            ):
-                try:
-                    # Now: ppo_loss subtracts the entropy bonus from pg_loss in place later.
-                    states: dict[str, Any] = vanilla_states(
-                        old_log_prob, log_prob, advantages, response_mask, config
-                    )
-                    weighted = loss_state(
-                        pg_loss,
-                        loss_agg_mode,
-                        response_mask.detach().bool(),
-                        int(info.get("dp_size") or 1),
-                        info.get("batch_num_tokens"),
-                        info.get("global_batch_size"),
-                    )
-                    if weighted is not None:
-                        states[PG_LOSS] = weighted
-                    hook._log(scope, states)
-                except Exception as exc:  # never into verl's step
-                    hook._warn("actor", f"actor micro-batch not logged: {exc!r}")
+
+            def states() -> dict[str, Any]:
+                # Now: ppo_loss subtracts the entropy bonus from pg_loss in place later.
+                out = vanilla_states(old_log_prob, log_prob, advantages, response_mask, config)
+                weighted = loss_state(
+                    pg_loss,
+                    loss_agg_mode,
+                    response_mask.detach().bool(),
+                    int(info.get("dp_size") or 1),
+                    info.get("batch_num_tokens"),
+                    info.get("global_batch_size"),
+                )
+                if weighted is not None:
+                    out[PG_LOSS] = weighted
+                return out
+
+            hook._log_for(ACTOR_ROLE, info.get("dp_size"), states)
             return pg_loss, metrics
 
         return policy_loss
@@ -622,91 +365,36 @@ class LossHook:
                 global_batch_size=global_batch_size,
                 loss_scale_factor=loss_scale_factor,
             )
-            scope = _SCOPE.get(None)
-            if (
-                scope is not None
-                and scope.role == CRITIC_ROLE
-                and hook._data_parallel(CRITIC_ROLE, dp_size)
-            ):
-                try:
-                    import torch
 
-                    mask = response_mask.detach().bool()
-                    tokens = mask.sum()
-                    # verl's masked mean: sum / (tokens + 1e-8); the clipped count, back.
-                    clipped = vf_clipfrac.detach().double() * (tokens.double() + 1e-8)
-                    vpred_sum = torch.where(mask, vpreds.detach(), 0.0).double().sum()
-                    states: dict[str, Any] = {
-                        VF_CLIPFRAC: Fraction(torch.round(clipped), tokens),
-                        VPRED_MEAN: Weighted(vpred_sum / tokens.clamp(min=1), tokens),
-                    }
-                    weighted = loss_state(
-                        vf_loss, loss_agg_mode, mask, dp_size, batch_num_tokens, global_batch_size
-                    )
-                    if weighted is not None:
-                        states[VF_LOSS] = weighted
-                    hook._log(scope, states)
-                except Exception as exc:  # never into verl's step
-                    hook._warn("critic", f"critic micro-batch not logged: {exc!r}")
+            def states() -> dict[str, Any]:
+                mask = response_mask.detach().bool()
+                out = value_states(vpreds, vf_clipfrac, mask)
+                weighted = loss_state(
+                    vf_loss, loss_agg_mode, mask, dp_size, batch_num_tokens, global_batch_size
+                )
+                if weighted is not None:
+                    out[VF_LOSS] = weighted
+                return out
+
+            hook._log_for(CRITIC_ROLE, dp_size, states)
             return vf_loss, vf_clipfrac
 
         return compute_value_loss
 
-    def _log(self, scope: Scope, states: Mapping[str, Any]) -> None:
-        producer = self.producer_for(scope.role, scope.run, scope.address)
-        producer.log(states, step=scope.step)
+    def _log_for(self, role: str, dp_size: Any, states: Callable[[], dict[str, Any]]) -> None:
+        """The guard both loss wrappers share: log ``states()`` when a training micro-batch
+        of ``role`` is in scope and every worker is its own data-parallel rank; never raise
+        into verl's step (a failure is warned about once per role)."""
+        scope = _SCOPE.get(None)
+        if scope is None or scope.role != role or not self._data_parallel(role, dp_size):
+            return
+        try:
+            producer = self.producer_for(scope.role, scope.run, scope.address)
+            producer.log(states(), step=scope.step)
+        except Exception as exc:  # never into verl's step
+            self._warn(role, f"{role} micro-batch not logged: {exc!r}")
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("rlpulse verl hook: %s", message)
-
-
-class OnImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` once each of ``names`` is imported (at once for those already
-    imported): a finder first on ``sys.meta_path`` that hands the import to the others and
-    wraps the loader they return."""
-
-    def __init__(self, names: Any, then: Callable[[ModuleType], None]) -> None:
-        self.names = frozenset(names)
-        self.then = then
-
-    def install(self) -> None:
-        for name in self.names:
-            module = sys.modules.get(name)
-            if module is not None:
-                self.then(module)
-        sys.meta_path.insert(0, self)
-
-    def uninstall(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.names:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _ThenLoader(spec.loader, self.then)
-                return spec
-        return None
-
-
-class _ThenLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, then: Callable[[ModuleType], None]) -> None:
-        self.loader = loader
-        self.then = then
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        self.then(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename... (tracebacks)
-        return getattr(self.loader, name)

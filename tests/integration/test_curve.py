@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
-from rlpulse.producer.env import load_curve
+from rlpulse.wire.transport import load_curve
 
 
 def keygen(directory: Path, name: str) -> None:

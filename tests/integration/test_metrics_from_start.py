@@ -16,7 +16,7 @@ from rlpulse.collector.health import PRODUCER_ERRORS, PRODUCER_INVALID
 from rlpulse.collector.launch import start_collector
 from rlpulse.collector.promnames import prom_metric
 from rlpulse.producer import Producer
-from rlpulse.producer.reduce import Buffers
+from rlpulse.producer.buffers import Buffers
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import REJECT_REASONS
 from tests.support.net import free_port

@@ -35,7 +35,8 @@ def test_a_bad_config_is_refused_before_any_collector_starts() -> None:
 
 
 def test_outside_a_ray_job_producers_keep_the_usual_default() -> None:
-    from rlpulse.producer.env import DEFAULT_ADDRESS, default_address, node_relay_address
+    from rlpulse.producer.env import default_address, node_relay_address
+    from rlpulse.wire.rendezvous import DEFAULT_ADDRESS
 
     if ray.is_initialized():
         pytest.skip("this process is in a Ray job")

@@ -18,8 +18,7 @@ import zmq.auth
 
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
-from rlpulse.producer.env import load_curve
-from rlpulse.wire.transport import CurveKeys
+from rlpulse.wire.transport import CurveKeys, load_curve
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -45,7 +45,7 @@ def finite(metrics: dict) -> dict:
 def driver_values(metrics: dict) -> dict:
     """What the driver sends of ``metrics`` in a Ray job with the setup hook: the finite ones,
     but for the loss metrics the hooked workers log exactly (verl's default configuration)."""
-    from rlpulse.producer.integrations.verl_loss import exact_names
+    from rlpulse.producer.integrations.verl_states import exact_names
 
     return {k: v for k, v in finite(metrics).items() if k not in exact_names({})}
 
@@ -427,6 +427,7 @@ def test_the_hook_logs_each_micro_batch_from_verls_own_tensors_and_reads_nothing
     from verl.workers.utils import losses
 
     from rlpulse.producer.integrations import verl_loss
+    from rlpulse.producer.values import Fraction
     from tests.integrations.verl_loss_job import (
         OVERRIDES,
         critic_config,
@@ -482,7 +483,7 @@ def test_the_hook_logs_each_micro_batch_from_verls_own_tensors_and_reads_nothing
         tokens = int(micro["response_mask"].sum())
 
         def value(state, tokens=tokens):
-            if isinstance(state, verl_loss.Fraction):
+            if isinstance(state, Fraction):
                 return float(state.numerator) / float(state.denominator)
             assert float(state.weight) == tokens
             return float(state.value)
@@ -524,7 +525,7 @@ def test_an_untested_verl_version_stops_the_setup_hook_naming_it(monkeypatch) ->
     monkeypatch.setattr(losses, "ppo_loss", lambda config, data: None)  # another signature
     with pytest.raises(ConfigError, match=r"verl 0\.9\.1's loss functions .*ppo_loss"):
         rlpulse_verl.register(environ)
-    from rlpulse.producer.integrations.verl_loss import check_trainer
+    from rlpulse.producer.integrations.verl_compat import check_trainer
 
     class Trainer:
         def _update_actor(self, batch): ...
@@ -559,7 +560,7 @@ def test_the_driver_leaves_out_what_the_workers_log_exactly(overrides, actor, cr
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from rlpulse.producer.integrations.verl_loss import exact_names
+    from rlpulse.producer.integrations.verl_states import exact_names
 
     with initialize_config_module("verl.trainer.config", version_base=None):
         config = compose("ppo_trainer", overrides=overrides)

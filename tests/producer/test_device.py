@@ -240,5 +240,5 @@ def test_no_phase_timers_before_the_process_uses_its_gpu(inbox) -> None:
 
 def test_reduce_value_still_reduces_a_value_synchronously() -> None:
     """Tools and tests call reduce_value directly; GPU deferral is the producer's business."""
-    state, nf = reduce_value(Masked(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1, 0, 1])))
+    state, nf, _ = reduce_value(Masked(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1, 0, 1])))
     assert (state, nf) == (Summary(5.0, 2.0, 1.0, 4.0), 0)

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rlpulse.producer import Masked, Producer
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.reduce import COPY_MIN
+from rlpulse.producer.copies import COPY_MIN
 from rlpulse.producer.sender import Sender
 from tests.producer.conftest import Inbox, entries, has_bye
 

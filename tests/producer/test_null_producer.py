@@ -10,7 +10,7 @@ import pytest
 from rlpulse import producer
 from rlpulse.producer import NullProducer, Producer
 from rlpulse.producer.config import ProducerConfig
-from rlpulse.producer.env import load_curve
+from rlpulse.wire.transport import load_curve
 
 
 def test_takes_producers_arguments_as_they_are() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from rlpulse.producer import Producer, ProducerConfig
-from rlpulse.producer.sender import Call, Done
+from rlpulse.producer.handoff import Call, Done
 from rlpulse.schemas import protocol
 from rlpulse.wire.transport import MemoryTransport
 from tests.support.waiting import until
@@ -121,7 +121,7 @@ def test_caller_first_waits_for_log_to_end_and_no_longer_than_it_may() -> None:
     the call leaves, and ends at its bound when the call never does."""
     import threading
 
-    from rlpulse.producer.sender import CallerFirst
+    from rlpulse.producer.handoff import CallerFirst
 
     gate = CallerFirst()
     t0 = time.monotonic()
@@ -170,7 +170,7 @@ def test_queued_calls_wait_while_log_runs_and_go_when_it_ends(monkeypatch) -> No
 
 def test_a_producer_no_collector_answers_warns_once_naming_its_address(monkeypatch, caplog) -> None:
     """A wrong address used to be silent until close() dropped everything logged."""
-    monkeypatch.setattr("rlpulse.producer.sender.SILENT_WARN_S", 0.3)
+    monkeypatch.setattr("rlpulse.producer.link.SILENT_WARN_S", 0.3)
     t = MemoryTransport()
     p = Producer("tcp://10.9.8.7:5999", run="r", role="a", transport=t, config=QUIET)
     p.log({"x": 1.0}, step=0)
@@ -183,7 +183,7 @@ def test_a_producer_no_collector_answers_warns_once_naming_its_address(monkeypat
 
 
 def test_a_producer_answered_in_time_does_not_warn(monkeypatch, caplog) -> None:
-    monkeypatch.setattr("rlpulse.producer.sender.SILENT_WARN_S", 0.3)
+    monkeypatch.setattr("rlpulse.producer.link.SILENT_WARN_S", 0.3)
     t = MemoryTransport()
     p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
     t.connect()

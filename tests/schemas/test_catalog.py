@@ -124,3 +124,20 @@ def test_derived_metrics_are_marked() -> None:
     for entry in (M.SYSTEM_TPS, M.SYSTEM_SAMPLES, M.SYSTEM_TOKENS):
         assert CATALOG.resolve(entry.name).derived
     assert CATALOG.resolve(M.SYSTEM_SAMPLES.name).cumulative
+
+
+def test_near_miss_names_the_catalog_name_within_one_or_two_edits() -> None:
+    """The rule of ``Catalog.near_miss``: a name outside the catalog within one edit (under
+    10 characters) or two (from 10 on) of an entry's name or output name."""
+    from rlpulse.schemas.catalog import _edits_within
+
+    assert CATALOG.near_miss("actor/pg_los") == "actor/pg_loss"  # a letter dropped
+    assert CATALOG.near_miss("actor/pg_lsos") == "actor/pg_loss"  # two swapped: two edits
+    assert CATALOG.near_miss("critic/score/meen") == "critic/score/mean"  # an output name
+    assert CATALOG.near_miss("actor/pg_loss") is None  # known: no miss
+    assert CATALOG.near_miss("critic/score/mean") is None
+    assert CATALOG.near_miss("actor/p_lo") is None  # three edits off
+    assert CATALOG.near_miss("my/own_metric") is None
+    assert _edits_within("kitten", "sitting", 3) == 3
+    assert _edits_within("kitten", "sitting", 2) is None
+    assert _edits_within("", "ab", 2) == 2
