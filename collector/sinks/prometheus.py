@@ -67,6 +67,7 @@ try:
         Totals,
         health_data,
         make_family,
+        nonfinite_family,
         total_families,
     )
     from rlpulse.collector.sinks.promhttp import BoundedServer, tls_context
@@ -279,6 +280,8 @@ class PrometheusSink(Sink):
                 if name not in REPLACED:
                     run.values[name] = (float(value), record.roles.get(name, ""))
             run.totals.add(record.metrics, record.roles)
+            if record.nonfinite:
+                run.totals.add_nonfinite(record.nonfinite, record.roles)
             if record.distributions:
                 run.dists.add(record.distributions, record.metrics, record.roles)
 
@@ -353,9 +356,14 @@ class PrometheusSink(Sink):
             run_families = list(self._run_families(runs, taken))
             taken.update(dict.fromkeys(health_names, "rlpulse"))
             metrics = list(self._metric_families(runs, taken))
-            for family in total_families({run: state[5] for run, state in runs.items()}):
+            totals = {run: state[5] for run, state in runs.items()}
+            for family in total_families(totals):
                 taken.setdefault(family.name, "rlpulse")
                 metrics.append(family)
+            nonfinite = nonfinite_family(totals, self._prom_of)
+            if nonfinite is not None and nonfinite.name not in taken:
+                taken[nonfinite.name] = "rlpulse"
+                metrics.append(nonfinite)
             for family in dist_families(dists):
                 if family.name not in taken:  # a name clash is warned about by the metrics above
                     taken[family.name] = "rlpulse"
@@ -404,9 +412,7 @@ class PrometheusSink(Sink):
         logged = {name for state in runs.values() for name in state[4]}
         names = sorted(logged | (self._counters - REPLACED)) if runs else []
         for name in names:
-            pm = self._prom.get(name)
-            if pm is None:
-                pm = self._prom[name] = prom_metric(name, self._ctx.catalog)
+            pm = self._prom_of(name)
             owner = taken.setdefault(pm.name, pm.name if pm.labels else name)
             if owner != (pm.name if pm.labels else name):
                 self._warn_once(
@@ -430,6 +436,13 @@ class PrometheusSink(Sink):
                 elif name in self._counters:  # not grown yet; derived, so no role
                     family.add_metric([run, "", *extra], 0.0)
         yield from families.values()
+
+    def _prom_of(self, name: str) -> PromMetric:
+        """``name``'s Prometheus form (:func:`prom_metric`), worked out once."""
+        pm = self._prom.get(name)
+        if pm is None:
+            pm = self._prom[name] = prom_metric(name, self._ctx.catalog)
+        return pm
 
     def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
         if key not in self._warned:

@@ -22,7 +22,7 @@ from rlpulse.collector.health import (
     SINK_METRICS,
     Health,
 )
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.promnames import NONFINITE, PromMetric, prom_metric
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import REJECT_REASONS
 from rlpulse.schemas.histogram import INF, Histogram
@@ -132,6 +132,9 @@ class Totals:
         self.sums: dict[str, float] = {}
         self.errors: dict[str, float] = {}
         self.roles: dict[str, str] = {}
+        self.nonfinite: dict[str, float] = {}
+        """Per logged name, the NaN and infinite samples producers dropped (summed)."""
+        self.nonfinite_roles: dict[str, str] = {}
 
     def add(self, metrics: Mapping[str, float], roles: Mapping[str, str]) -> None:
         """Add one emitted step's values."""
@@ -156,11 +159,45 @@ class Totals:
                 self.errors[kind] = self.errors.get(kind, 0.0) + metrics[name]
                 self.roles.setdefault(ERRORS.name, roles.get(name, ""))
 
+    def add_nonfinite(self, counts: Mapping[str, int], roles: Mapping[str, str]) -> None:
+        """Add one emitted step's ``nonfinite`` counts (``StepRecord.nonfinite``)."""
+        for name, n in counts.items():
+            self.nonfinite[name] = self.nonfinite.get(name, 0.0) + n
+            role = roles.get(name)
+            if role:
+                self.nonfinite_roles[name] = role
+
     def copy(self) -> Totals:
         out = Totals()
         out.counts = {k: v.copy() for k, v in self.counts.items()}
         out.sums, out.errors, out.roles = dict(self.sums), dict(self.errors), dict(self.roles)
+        out.nonfinite, out.nonfinite_roles = dict(self.nonfinite), dict(self.nonfinite_roles)
         return out
+
+
+def nonfinite_family(
+    runs: Mapping[str, Totals], prom: Callable[[str], PromMetric]
+) -> Metric | None:
+    """``rlpulse_nonfinite_samples_total{run, role, metric}`` of every run's :class:`Totals`
+    (``metric``: the Prometheus name of the metric, ``prom``), or None before any was counted.
+
+    >>> t = Totals()
+    >>> t.add_nonfinite({"actor/loss": 2}, {})
+    >>> [(s.name, s.labels["metric"], s.value) for s in nonfinite_family({"r": t}, prom_metric)
+    ...  .samples]  # doctest: +NORMALIZE_WHITESPACE
+    [('rlpulse_nonfinite_samples_total', 'rlpulse_actor_loss', 2.0)]
+    """
+    if not any(t.nonfinite for t in runs.values()):
+        return None
+    family = CounterMetricFamily(
+        NONFINITE,
+        "Samples producers dropped as NaN or infinite, by the metric they were logged as.",
+        labels=["run", "role", "metric"],
+    )
+    for run, t in sorted(runs.items()):
+        for name, count in sorted(t.nonfinite.items()):
+            family.add_metric([run, t.nonfinite_roles.get(name, ""), prom(name).name], count)
+    return family
 
 
 def total_families(runs: Mapping[str, Totals]) -> Iterator[Metric]:
