@@ -1,18 +1,21 @@
-"""Open steps of a run: merging entries into them, and deciding when each is done.
+"""A run's open steps and their merging: entries in, merged mergeable states out.
 
-Each run keeps a table of the names it has seen (a row index and the catalog's resolution per
-name) and one :class:`StepState` per open step: an array of mergeable states
-(``rlpulse.schemas.values``), which rows were touched and by which roles, and which (role, rank)
-slots have finished the step. A rank finishes step ``s`` by logging a later step, by saying so
-(``done``), or by closing.
+Each open step is a :class:`StepState`: an array of mergeable states
+(``rlpulse.schemas.values``) with a row per name of the run's name table
+(``rlpulse.collector.names``), which rows were touched and by which roles, and which
+(role, rank) slots have finished the step. A rank finishes step ``s`` by logging a later
+step, by saying so (``done``), or by closing. Entries wait, grouped by step and name table,
+and are merged in one pass of array operations when the step is next looked at.
 
-A step is *complete* when every expected slot has finished it; it is emitted *partial*,
-naming the missing slots, when ``grace_s`` has passed since the first slot finished it, when
-every missing slot is gone (``Membership.gone``), or, as a last resort, when more than
-``HARD_OPEN_FACTOR`` times ``max_open_steps`` steps of the run are open (the oldest goes).
-Below that, ``max_open_steps`` is kept by holding back producers that run ahead
-(``Aggregator.admits``), not by emitting steps early. A new run's steps wait ``settle_s`` for roles still
-registering, unless a producer declared the topology.
+Every entry merged into a step is kept (:class:`StepInput`) until the step is emitted, so
+the data of a process replaced since can be taken out exactly (``Run.withdraw``). When a
+step is due is decided in ``rlpulse.collector.completion``; who takes a slot over, in
+``rlpulse.collector.run``.
+
+>>> from rlpulse.schemas.metrics import CATALOG
+>>> steps = OpenSteps(NameTable("r", catalog=CATALOG, health=Health(), max_names=8), Health())
+>>> steps.open(3, now=0.0, finished=set(), position=None).step
+3
 """
 
 from __future__ import annotations
@@ -20,24 +23,22 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from rlpulse.collector.health import Health
-from rlpulse.collector.membership import Members, Slot
+from rlpulse.collector.members import Members, Slot
+from rlpulse.collector.names import Layout, NameTable
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sketches import merge_into, read as read_quantile
-from rlpulse.schemas.catalog import Catalog, Resolved
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Table
-from rlpulse.schemas.reductions import QUANTILE_STATS, Reduction, Stat
 from rlpulse.schemas.sketch import encode as encode_sketch
 from rlpulse.schemas.spans import Span
 from rlpulse.schemas.values import (
-    READ,
     WIDTH,
     empty_rows,
     invalid_rows,
@@ -48,11 +49,26 @@ from rlpulse.schemas.values import (
 )
 
 log = logging.getLogger("rlpulse.collector")
-HARD_OPEN_FACTOR = 8
-"""Open steps beyond ``max_open_steps`` times this are emitted partial, oldest first: the
-bound that holds even when producers' batches overshoot the window."""
-MAX_LAYOUTS = 4096
-"""Name tables whose row mapping is cached per run."""
+
+
+class StepInput(NamedTuple):
+    """One entry merged into a step, as :meth:`OpenSteps.add` (one producer's) or
+    :meth:`OpenSteps.add_merged` (a relay's, several producers' already merged) took it."""
+
+    table: Table
+    values: bytes
+    nonfinite: Mapping[str, int]
+    sketches: Mapping[int, bytes] | None
+    t_first: float
+    t_last: float
+    pid: int
+    """The producer of the entry; -1 for a relay's (``pids``)."""
+    role_bit: int
+    """The producer's role (its bit); 0 for a relay's (``row_roles``)."""
+    pids: tuple[int, ...] = ()
+    """A relay's entry: every producer merged in it."""
+    row_roles: np.ndarray | None = None
+    """A relay's entry: per table row, the roles behind it (bits)."""
 
 
 @dataclass
@@ -73,10 +89,9 @@ class StepState:
     """Write-ahead-log position of the step's first data: the log is needed from here on."""
     spans: list[Span] = field(default_factory=list)
     """Every rank's phases in the step (``rlpulse.collector.spans``)."""
-    inputs: list[tuple] = field(default_factory=list)
-    """Every entry merged into the step, as given to :meth:`RunSteps.add` (``(pid, ...)``)
-    or :meth:`RunSteps.add_merged` (``(pids, ...)``), kept until it is emitted so a replaced
-    process's data can be withdrawn exactly (:meth:`RunSteps.withdraw`)."""
+    inputs: list[StepInput] = field(default_factory=list)
+    """Every entry merged into the step, kept until it is emitted so a replaced process's
+    data can be withdrawn exactly (``Run.withdraw``)."""
     withdrawn: set[Slot] = field(default_factory=set)
     """Slots whose data was withdrawn (their process was replaced): such a slot counts only
     if its new holder gives the step data; finished without it, it is missing."""
@@ -89,7 +104,7 @@ class StepState:
     sketches: dict[int, np.ndarray] = field(default_factory=dict)
     """Per row of a distribution metric, its merged quantile sketch (``collector.sketches``)."""
     waiting_on: Slot | None = None
-    """A slot the step was last found waiting for (``RunSteps.due`` asks it first)."""
+    """A slot the step was last found waiting for (``completion.due`` asks it first)."""
 
     def grow(self, n: int) -> None:
         """Make room for ``n`` names (doubling, so a growing name table costs O(1) amortised)."""
@@ -106,42 +121,13 @@ class StepState:
             self.first_done_at = now
 
 
-@dataclass
-class _Layout:
-    """Cached translation of one name table to row indices of a run."""
-
-    idx: np.ndarray | slice
-    """Row indices; a slice when they are consecutive (the usual case: a producer's names
-    enter the table together), so merging works on views instead of fancy-index copies."""
-    keep: np.ndarray | None
-    last: np.ndarray
-    touches_last: bool
-    size: int
-    """Names in the table (rows in each entry's values)."""
-    last_all: np.ndarray
-    """``LAST`` metrics among all the table's rows (``last`` is over the kept ones)."""
-    dropped: int = 0
-    """Names of the table left out (beyond ``max_names_per_run``, or derived)."""
-
-
-class _ReadPlan(NamedTuple):
-    """How a step with a given set of touched rows reads: each output's name, row (among the
-    touched ones) and statistic (a row of ``read_matrix``), and the distributions' quantiles
-    (read off their sketches)."""
-
-    names: tuple[str, ...]
-    rows: np.ndarray
-    stats: np.ndarray
-    quantiles: tuple[tuple[str, int, Stat], ...]
-
-
 class _Group:
     """Entries waiting to be merged into one step, all with the same layout: merged together,
     in one pass of array operations, when the step is next looked at."""
 
     __slots__ = ("blobs", "layout", "roles", "row_roles", "state")
 
-    def __init__(self, state: StepState, layout: _Layout) -> None:
+    def __init__(self, state: StepState, layout: Layout) -> None:
         self.state = state
         self.layout = layout
         self.blobs: list[bytes] = []
@@ -150,114 +136,26 @@ class _Group:
         """Per table row, for entries a relay merged from several roles."""
 
 
-class RunSteps:
-    """One run's name table and open steps."""
+class OpenSteps:
+    """One run's open steps: opened, merged into, read and removed."""
 
-    def __init__(self, name: str, *, catalog: Catalog, health: Health, max_names: int) -> None:
-        self.name = name
-        self.catalog = catalog
+    def __init__(self, names: NameTable, health: Health) -> None:
+        self.names = names
         self.health = health
-        self.max_names = max_names
-        self.names: list[str] = []
-        self.index: dict[str, int] = {}
-        self.resolved: list[Resolved] = []
-        self.layouts: dict[tuple[tuple[str, ...], bytes], _Layout] = {}
-        self.steps: dict[int, StepState] = {}
-        self.last_emitted = -1
-        self.names_full = False
-        """Some name table of this run had names left out (:attr:`_Layout.dropped`)."""
-        self.skipped: dict[Slot, tuple[int, int]] = {}
-        """Per slot, the steps strictly between two bounds that neither its replaced process
-        nor its new one ran (:meth:`skip`): a step opened later among them (or rebuilt from
-        the write-ahead log after a restart: this is in the checkpoint) is missing the
-        slot's data unless the new process gives some."""
+        self.by_step: dict[int, StepState] = {}
         self._pending: dict[int, dict[int, _Group]] = {}
         """Entries waiting to be merged: by step, then by layout (``id``)."""
-        self._read_plans: dict[bytes, _ReadPlan] = {}
-        """How :meth:`close` reads a step, by the rows it touched."""
         self._ratelog = RateLimitedLog(log)
-
-    # ------------------------------------------------------------------ names
-
-    def _row_of(self, name: str, kind: int) -> int | None:
-        """The row of ``name``, added on first sight; None when it is dropped (counted)."""
-        j = self.index.get(name)
-        sent = Reduction(kind)
-        if j is None:  # the collector's catalog decides ("Who decides": rlpulse.schemas.catalog)
-            resolved = self.catalog.resolve(name, sent)
-            if resolved.derived:
-                self.health.derived_logged += 1
-                self._ratelog.warn(
-                    f"derived:{name}",
-                    f"{name} is computed by the collector; producers must not log it (dropped)",
-                )
-                return None
-            if len(self.names) >= self.max_names:
-                self.health.names_overflow += 1
-                self._ratelog.warn(
-                    f"names:{self.name}",
-                    f"run {self.name!r} has {self.max_names} distinct names; dropping new name "
-                    f"{name!r}",
-                )
-                return None
-            j = len(self.names)
-            self.index[name] = j
-            self.names.append(name)
-            self.resolved.append(resolved)
-        if not self.resolved[j].accepts(sent):
-            self.health.kind_mismatch += 1
-            self._ratelog.warn(
-                f"kind:{name}",
-                f"{name}: producer sent reduction {sent.name}, the catalog says "
-                f"{self.resolved[j].reduction.name}; using the catalog",
-            )
-        return j
-
-    def layout(self, table: Table) -> _Layout:
-        layout = self.layouts.get(table)
-        if layout is not None:
-            return layout
-        rows = [
-            self._row_of(name, kind) for name, kind in zip(table.names, table.kinds, strict=True)
-        ]
-        keep = np.array([j is not None for j in rows], dtype=bool)
-        idx = np.array([j for j in rows if j is not None], dtype=np.int64)
-        last = np.array([self.resolved[j].reduction is Reduction.LAST for j in idx], dtype=bool)
-        consecutive = len(idx) > 0 and bool((np.diff(idx) == 1).all())
-        where: np.ndarray | slice = slice(int(idx[0]), int(idx[-1]) + 1) if consecutive else idx
-        last_all = np.array(
-            [j is not None and self.resolved[j].reduction is Reduction.LAST for j in rows],
-            dtype=bool,
-        )
-        dropped = int(table.size - keep.sum())
-        layout = _Layout(
-            where,
-            None if dropped == 0 else keep,
-            last,
-            bool(last.any()),
-            table.size,
-            last_all,
-            dropped,
-        )
-        self.names_full |= dropped > 0
-        if len(self.layouts) < MAX_LAYOUTS:
-            self.layouts[table] = layout
-        return layout
-
-    # ------------------------------------------------------------------ steps
 
     def open(self, step: int, now: float, finished: set[Slot], position: object) -> StepState:
         """A new open step; ``finished`` are the slots that already finished it."""
         n = max(len(self.names), 8)
         state = StepState(step, empty_rows(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64))
         state.done |= finished
-        for slot, (after, first) in self.skipped.items():
-            if after < step < first:
-                state.withdrawn.add(slot)
         if state.done:
             state.first_done_at = now
         state.position = position
-        self.steps[step] = state
+        self.by_step[step] = state
         return state
 
     def add(
@@ -279,7 +177,7 @@ class RunSteps:
             return
         if sketches:
             self._sketch(state, table, sketches)
-        state.inputs.append((pid, table, values, role_bit, t, nonfinite, sketches))
+        state.inputs.append(StepInput(table, values, nonfinite, sketches, t, t, pid, role_bit))
         group.roles |= 1 << role_bit
         if nonfinite:
             state.nonfinite.update(nonfinite)
@@ -308,7 +206,9 @@ class RunSteps:
         if sketches:
             self._sketch(state, table, sketches)
         pids = tuple(pids)
-        state.inputs.append((pids, table, values, row_roles, times, nonfinite, sketches))
+        state.inputs.append(
+            StepInput(table, values, nonfinite, sketches, *times, -1, 0, pids, row_roles)
+        )
         group.row_roles = row_roles if group.row_roles is None else group.row_roles | row_roles
         if nonfinite:
             state.nonfinite.update(nonfinite)
@@ -321,8 +221,8 @@ class RunSteps:
         are distribution metrics here (others are ignored); a malformed one is counted."""
         by_row: dict[int, bytes] = {}
         for r, buf in sketches.items():
-            j = self.index.get(table.names[r]) if r < table.size else None
-            if j is not None and self.resolved[j].reduction is Reduction.DIST:
+            j = self.names.dist_row(table.names[r]) if r < table.size else None
+            if j is not None:
                 by_row[j] = buf
         try:
             merge_into(state.sketches, by_row)
@@ -338,7 +238,7 @@ class RunSteps:
                 f"rejected an entry of {len(values)} bytes of values for {table.size} names",
             )
             return None
-        layout = self.layout(table)
+        layout = self.names.layout(table)
         groups = self._pending.get(state.step)
         if groups is None:
             groups = self._pending[state.step] = {}
@@ -393,49 +293,7 @@ class RunSteps:
             rows_roles = group.row_roles if layout.keep is None else group.row_roles[layout.keep]
             state.roles[layout.idx] |= rows_roles
 
-    def withdraw(self, pid: int, slot: Slot, finished: int) -> int:
-        """Producer ``pid``'s slot was taken over by a new process. Its data for the open
-        steps it had finished (up to ``finished``) is whole and stays (``sealed``: the new
-        process's data for them is a repeat); its data for the steps it had not finished is
-        taken out: each is rebuilt from the other entries, and the slot must finish it again,
-        with data of the new holder. Data ``pid`` gave through a relay, merged with other
-        ranks', cannot be taken out: those steps are marked to be emitted partial, naming the
-        slot. Return how many steps lost data."""
-        changed = 0
-        self.merge_pending()
-        for state in self.steps.values():
-            if pid not in state.contributors:
-                continue
-            if state.step <= finished:
-                state.sealed.add(slot)
-                continue
-            changed += 1
-            state.done.discard(slot)
-            state.withdrawn.add(slot)
-            state.spans = [sp for sp in state.spans if (sp.role, sp.rank) != slot]
-            if any(type(i[0]) is tuple and pid in i[0] for i in state.inputs):
-                state.tainted.add(slot)
-                continue
-            self._rebuild(state, [i for i in state.inputs if i[0] != pid])
-        self.merge_pending()
-        return changed
-
-    def skip(self, slot: Slot, after: int, first: int) -> None:
-        """``slot``'s new process took it over when its replaced one had finished every step
-        up to ``after``, and ran ``first`` as its first step: nobody ran the steps between
-        them for the slot. Its new process's cumulative ``done`` (or data for a later step,
-        which implies one) says they are finished; without data of its own in them they are
-        missing the slot's data, so they go out partial naming the slot (as for data
-        withdrawn), never complete."""
-        if first - after <= 1:
-            return
-        for state in self.steps.values():
-            if after < state.step < first:
-                state.withdrawn.add(slot)
-        if first - 1 > self.last_emitted:  # for steps opened later, or rebuilt after a restart
-            self.skipped[slot] = (after, first)
-
-    def _rebuild(self, state: StepState, inputs: list[tuple]) -> None:
+    def rebuild(self, state: StepState, inputs: list[StepInput]) -> None:
         """Merge ``inputs`` into ``state`` afresh (its rows, roles, times and contributors)."""
         n = state.rows.shape[0]
         state.rows, state.touched = empty_rows(n), np.zeros(n, dtype=bool)
@@ -443,16 +301,20 @@ class RunSteps:
         state.contributors, state.nonfinite = set(), Counter()
         state.t_first, state.t_last, state.inputs = math.inf, -math.inf, []
         state.sketches = {}
-        for item in inputs:
-            if type(item[0]) is tuple:
-                pids, table, values, row_roles, times, nonfinite, sketches = item
-                self.add_merged(state, table, values, row_roles, pids, times, nonfinite, sketches)
+        for i in inputs:
+            if i.row_roles is not None:
+                times = (i.t_first, i.t_last)
+                self.add_merged(
+                    state, i.table, i.values, i.row_roles, i.pids, times, i.nonfinite, i.sketches
+                )
             else:
-                self.add(state, item[1], item[2], item[3], item[0], item[4], item[5], item[6])
+                self.add(
+                    state, i.table, i.values, i.role_bit, i.pid, i.t_first, i.nonfinite, i.sketches
+                )
 
     def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
         """``slot`` has finished every step in ``(old, watermark]``."""
-        steps = self.steps
+        steps = self.by_step
         if watermark - old <= len(steps):
             for step in range(old + 1, watermark + 1):
                 state = steps.get(step)
@@ -463,79 +325,15 @@ class RunSteps:
                 if old < step <= watermark:
                     state.finish(slot, now)
 
-    def due(
-        self,
-        members: Members,
-        now: float,
-        *,
-        grace_s: float,
-        settle_s: float,
-        max_open_steps: int,
-        gone: Callable[[Slot], bool],
-    ) -> Iterator[tuple[StepState, set[Slot]]]:
-        """The open steps to emit now, oldest first, each with its missing slots. Stops at
-        the first step that must still wait: steps are emitted in order."""
-        expected = members.expected()
-        for step in sorted(self.steps):
-            state = self.steps[step]
-            if (
-                len(state.done) < len(expected)
-                and not (state.withdrawn or state.tainted)
-                and len(self.steps) <= max_open_steps
-                and (state.first_done_at is None or now - state.first_done_at < grace_s)
-                and self._waits_on(state, expected, gone)
-            ):
-                return  # the common case, decided without listing every missing slot
-            # done only ever holds expected slots, so counting them says "complete"
-            missing = expected - state.done if len(state.done) < len(expected) else set()
-            lost = self._lost(state, members) if state.withdrawn else set()
-            missing |= lost
-            if not missing and members.settling(now, settle_s):
-                return  # other roles of a new run may still be starting up
-            if missing:
-                overflow = len(self.steps) > max_open_steps
-                graced = state.first_done_at is not None and now - state.first_done_at >= grace_s
-                if not (overflow or graced or all(s in lost or gone(s) for s in missing)):
-                    return
-            yield state, missing
-
-    @staticmethod
-    def _waits_on(state: StepState, expected: set[Slot], gone: Callable[[Slot], bool]) -> bool:
-        """Whether some expected slot has neither finished ``state`` nor gone: the step must
-        wait. The slot found last time is asked first, so a poll costs O(1) while it still
-        waits, not a pass over every rank (which was most of a poll at 1,024 ranks)."""
-        slot = state.waiting_on
-        if slot is not None and slot in expected and slot not in state.done and not gone(slot):
-            return True
-        done = state.done
-        slot = next((s for s in expected if s not in done and not gone(s)), None)
-        state.waiting_on = slot
-        return slot is not None
-
-    @staticmethod
-    def _lost(state: StepState, members: Members) -> set[Slot]:
-        """Slots that finished ``state`` without their data in it: withdrawn (a replaced
-        process's) and not given again by the new holder, or given only through a relay
-        together with the replaced process's."""
-        return state.tainted | {
-            slot
-            for slot in state.withdrawn
-            if slot in state.done and members.slots.get(slot) not in state.contributors
-        }
-
     def distributions(self, state: StepState) -> dict[str, bytes]:
         """The step's merged sketches by distribution name, in wire form (for the sinks)."""
-        return {self.names[j]: encode_sketch(c) for j, c in state.sketches.items()}
+        names = self.names.names
+        return {names[j]: encode_sketch(c) for j, c in state.sketches.items()}
 
-    def close(self, state: StepState, members: Members) -> tuple[dict[str, float], dict[str, str]]:
-        """Remove an emitted step; return its metrics and the role(s) behind each."""
-        del self.steps[state.step]
-        self.last_emitted = max(self.last_emitted, state.step)
-        if self.skipped:
-            emitted = self.last_emitted
-            self.skipped = {k: v for k, v in self.skipped.items() if v[1] - 1 > emitted}
+    def read(self, state: StepState, members: Members) -> tuple[dict[str, float], dict[str, str]]:
+        """A merged step's metrics and the role(s) behind each."""
         touched = np.flatnonzero(state.touched[: len(self.names)])
-        plan = self._read_plan(touched)
+        plan = self.names.read_plan(touched)
         rows = state.rows[touched]
         # Every statistic of every touched row at once, then the outputs' cells in one gather.
         values = read_matrix(rows)[plan.stats, plan.rows].tolist()
@@ -559,33 +357,3 @@ class RunSteps:
                 metrics[out] = value
                 roles[out] = row_owner[row]
         return metrics, roles
-
-    def _read_plan(self, touched: np.ndarray) -> _ReadPlan:
-        """How :meth:`close` reads a step whose touched rows are ``touched`` (cached: a run's
-        steps mostly touch the same rows)."""
-        key = touched.tobytes()
-        plan = self._read_plans.get(key)
-        if plan is not None:
-            return plan
-        names, rows, stats, quantiles = [], [], [], []
-        for i, j in enumerate(touched.tolist()):
-            resolved = self.resolved[j]
-            dist = resolved.reduction is Reduction.DIST
-            for stat, out in resolved.outputs.items():
-                if dist and stat in QUANTILE_STATS:
-                    quantiles.append((out, i, stat))
-                else:
-                    names.append(out)
-                    rows.append(i)
-                    # a quantile logged on its own merges by max and reads the max
-                    stats.append(READ.index(stat) if stat in READ else READ.index(Stat.MAX))
-        plan = _ReadPlan(
-            tuple(names),
-            np.array(rows, dtype=np.intp),
-            np.array(stats, dtype=np.intp),
-            tuple(quantiles),
-        )
-        if len(self._read_plans) >= MAX_LAYOUTS:
-            self._read_plans.clear()
-        self._read_plans[key] = plan
-        return plan

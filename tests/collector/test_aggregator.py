@@ -204,7 +204,7 @@ def test_derived_names_logged_by_a_producer_are_dropped() -> None:
 def test_data_from_an_unregistered_producer_is_counted_not_merged() -> None:
     h = Harness()
     h.send(metrics(1, 0, {LOSS: 4.0}))
-    assert h.agg.health.unknown_producer == 1 and not h.agg.steps
+    assert h.agg.health.unknown_producer == 1 and not h.agg.runs
 
 
 def test_restarted_worker_takes_over_its_slot() -> None:

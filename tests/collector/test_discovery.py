@@ -159,4 +159,4 @@ def test_data_from_an_endpoint_only_producer_is_dropped_and_counted() -> None:
     agg.handle(metrics(10, 0, {"time/rollout": 2.0}), 0.0)
     agg.flush()
     assert out == [] and agg.health.malformed["bad_field"] == 1
-    assert "r" not in agg.steps  # no run was opened for it
+    assert "r" not in agg.runs  # no run was opened for it
