@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.durable import DurableState, OutboxReader
+from rlpulse.collector.durable import DurableState
+from rlpulse.collector.outbox import OutboxReader
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.schemas.record import StepRecord

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.durable import DurableState, OutboxReader, StateError
+from rlpulse.collector.durable import DurableState
+from rlpulse.collector.outbox import OutboxReader
 from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark
 from rlpulse.collector.sinks.jsonl import JsonlSink
+from rlpulse.collector.statefiles import StateError
 from rlpulse.collector.statelock import StateDirInUse
 from rlpulse.schemas import protocol
 from rlpulse.schemas.record import StepRecord
