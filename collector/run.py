@@ -360,8 +360,7 @@ class Run:
     # ------------------------------------------------------------------ read (RunView)
 
     def read(self, state: StepState) -> tuple[dict[str, float], dict[str, str]]:
-        """A finished step's metrics and the role(s) behind each."""
-        return self.merger.read(state, self.members)
+        return self.merger.read(state, self.members)  # its metrics, and the role(s) behind each
 
     def distributions(self, state: StepState) -> dict[str, bytes]:
         return self.merger.distributions(state)  # by name, in wire form

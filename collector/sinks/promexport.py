@@ -328,3 +328,39 @@ class TextCache:
             out.append(held[1])
         out.append(trailer)
         return b"".join(out)
+
+
+_RUN_FAMILIES = (
+    ("rlpulse_run_step", "Latest step emitted for the run."),
+    (
+        "rlpulse_run_step_timestamp_seconds",
+        "Producers' wall-clock end of the run's latest step (Unix time).",
+    ),
+    ("rlpulse_run_ranks", "Producers whose data is in the run's latest step."),
+    ("rlpulse_run_step_partial", "1 when the run's latest step was emitted without every rank."),
+)
+
+
+def run_families_of(runs: Mapping[str, tuple], taken: dict[str, str]) -> Iterator[Metric]:
+    """Each run's latest step, its time, ranks and partial flag (``runs``: run -> (step,
+    time, ranks, partial, ...)), one gauge family each; their names go into ``taken``."""
+    for index, (pname, help_) in enumerate(_RUN_FAMILIES):
+        family = GaugeMetricFamily(pname, help_, labels=["run"])
+        for run, state in sorted(runs.items()):
+            family.add_metric([run], float(state[index]))
+        taken[pname] = "rlpulse"
+        yield family
+
+
+class FamiliesCollector:
+    """A ``prometheus_client`` collector whose ``collect()`` asks ``families`` at each scrape
+    (the sink's, kept between scrapes: read only)."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names depend on what producers log; nothing to check at registration
