@@ -2,10 +2,10 @@
 
 One thread receives and aggregates (ZeroMQ ROUTER socket, polled with a short timeout so grace
 periods and liveness are checked even when nothing arrives); every sink runs on its own
-thread (``rlpulse.collector.fanout``). Per receive batch:
+thread (``rlpulse.collector.output.fanout``). Per receive batch:
 
 1. decode and validate each message (rejects counted by reason, logged with rate limiting);
-2. deduplicate and order it per producer (``rlpulse.collector.delivery``);
+2. deduplicate and order it per producer (``rlpulse.collector.intake.delivery``);
 3. append it to the write-ahead log (with ``state_dir``) and apply it to the aggregator;
 4. emit finished steps (to the outbox with ``state_dir``, else to the sinks' queues);
 5. make the logs durable, wake the sinks, and only then acknowledge to the producers.
@@ -35,21 +35,21 @@ from pathlib import Path
 
 import zmq
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.delivery import Delivery
-from rlpulse.collector.discovery import PUBLISH_S, Discovery
-from rlpulse.collector.durable import DurableState
-from rlpulse.collector.fanout import FanOut
+from rlpulse.collector.durability.durable import DurableState
 from rlpulse.collector.health import Health
+from rlpulse.collector.intake.delivery import Delivery
+from rlpulse.collector.intake.receiver import Endpoint, Receiver
 from rlpulse.collector.loopclock import LoopClock
+from rlpulse.collector.output.discovery import PUBLISH_S, Discovery
+from rlpulse.collector.output.fanout import FanOut
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.receiver import Endpoint, Receiver
-from rlpulse.collector.relay import Relay
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.collector.sinks import build_sink
 from rlpulse.collector.sinks.base import Sink, SinkContext
 from rlpulse.collector.stopreport import log_stopped, write_stop_report
-from rlpulse.collector.upstream import UpstreamSink, relay_id
+from rlpulse.collector.tiers.relay import Relay
+from rlpulse.collector.tiers.upstream import UpstreamSink, relay_id
 from rlpulse.schemas import protocol
 from rlpulse.schemas.metrics import CATALOG
 

@@ -1,6 +1,6 @@
 """Prometheus sink: serves ``/metrics`` with the latest aggregated value of every metric.
 
-``write()`` only stores the step's values (names from :func:`rlpulse.collector.promnames.prom_metric`,
+``write()`` only stores the step's values (names from :func:`rlpulse.collector.output.promnames.prom_metric`,
 labels ``run`` and ``role``); /metrics shows them with the collector's own health counters. A
 metric that a step does not report keeps its last value, as a gauge should. Histograms
 (``serve/latency``) are real Prometheus histograms and the server's errors are counters by kind,
@@ -17,7 +17,7 @@ families are rendered again only when a value changed.
 
 Per-rank series are not exported: a :class:`~rlpulse.schemas.record.StepRecord` carries only values
 pooled across ranks. The same server answers ``GET /sd``: the ``/metrics`` endpoints producers
-registered, for Prometheus' HTTP service discovery (``rlpulse.collector.discovery``). The
+registered, for Prometheus' HTTP service discovery (``rlpulse.collector.output.discovery``). The
 server (``promhttp``) is bounded against abusive clients; its own counters are on the page.
 
 >>> from prometheus_client import generate_latest
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlpulse.collector.discovery import with_discovery
 from rlpulse.collector.health import HTTP_METRICS
-from rlpulse.collector.promnames import PromMetric, prom_metric
+from rlpulse.collector.output.discovery import with_discovery
+from rlpulse.collector.output.promnames import PromMetric, prom_metric
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord

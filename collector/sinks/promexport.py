@@ -22,7 +22,7 @@ from rlpulse.collector.health import (
     SINK_METRICS,
     Health,
 )
-from rlpulse.collector.promnames import NONFINITE, PromMetric, prom_metric
+from rlpulse.collector.output.promnames import NONFINITE, PromMetric, prom_metric
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import REJECT_REASONS
 from rlpulse.schemas.histogram import INF, Histogram

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlpulse.collector.promnames import PREFIX, prom_metric
+from rlpulse.collector.output.promnames import PREFIX, prom_metric
 from rlpulse.schemas import engine as E, metrics as M
 from rlpulse.schemas.catalog import Entry, Template
 from rlpulse.schemas.reductions import Stat

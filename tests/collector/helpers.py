@@ -5,8 +5,8 @@ from __future__ import annotations
 import array
 from collections.abc import Mapping
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import CATALOG, Summary, protocol as P, protocol_v1 as V1
 from rlpulse.schemas.record import StepRecord
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from tests.collector.helpers import Harness, hello, metrics
 

@@ -7,9 +7,15 @@ import io
 import json
 from typing import Any
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
+from rlpulse.collector.output.discovery import (
+    SD_PATH,
+    Discovery,
+    ScrapeTarget,
+    sd_groups,
+    with_discovery,
+)
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import metrics

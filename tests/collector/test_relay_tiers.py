@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.relay import HEARTBEAT_S, Relay as RelayOutput, RelayRecord
+from rlpulse.collector.runs.aggregator import Aggregator
+from rlpulse.collector.tiers.relay import HEARTBEAT_S, Relay as RelayOutput, RelayRecord
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.messages import Member, TableDecl
 from rlpulse.schemas.record import StepRecord

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.health import PRODUCER_ERRORS, PRODUCER_INVALID
 from rlpulse.collector.launch import start_collector
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.producer import Producer
 from rlpulse.producer.reduce import Buffers
 from rlpulse.schemas import metrics as M

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from rlpulse.collector.delivery import MAX_HELD_BYTES
+from rlpulse.collector.intake.delivery import MAX_HELD_BYTES
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig

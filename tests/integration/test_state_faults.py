@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.segmentlog import HEADER
+from rlpulse.collector.durability.segmentlog import HEADER
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 

@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.health import Health
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.schemas import metrics as M

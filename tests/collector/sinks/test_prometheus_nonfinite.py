@@ -9,9 +9,9 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.promnames import NONFINITE, prom_metric
+from rlpulse.collector.output.promnames import NONFINITE, prom_metric
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.producer.encode import Encoder

@@ -19,8 +19,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlpulse.collector.discovery import ScrapeTarget
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.discovery import ScrapeTarget
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.collector.sinks.promexport import REPLACED

@@ -62,7 +62,7 @@ def decode_record(payload: bytes) -> tuple[int, float, Any]:
     """An outbox record: a step for the sinks, or (a relay's) a record for the collector above."""
     obj = json.loads(payload)
     if "relay" in obj:
-        from rlpulse.collector.relay import RelayRecord
+        from rlpulse.collector.tiers.relay import RelayRecord
 
         return int(obj["seq"]), float(obj["emitted_at"]), RelayRecord.from_json(obj["relay"])
     return int(obj["seq"]), float(obj["emitted_at"]), StepRecord.from_json(obj["record"])

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from rlpulse.collector.discovery import ScrapeTarget
 from rlpulse.collector.health import Health
-from rlpulse.collector.members import Members, ProducerInfo, Slot
+from rlpulse.collector.output.discovery import ScrapeTarget
 from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import TableDecl
 

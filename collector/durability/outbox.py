@@ -1,6 +1,6 @@
 """One sink's view of the collector's outbox (``state_dir/outbox``): the next emitted
 records after its cursor, and the cursor file (``cursors/<sink>.json``) that survives a
-restart. The outbox itself is written by ``rlpulse.collector.durable.DurableState``.
+restart. The outbox itself is written by ``rlpulse.collector.durability.durable.DurableState``.
 
 >>> # reader = OutboxReader(state, "jsonl"); for end, _, record in reader.read(): ...
 """
@@ -10,21 +10,21 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.segmentlog import Position
-from rlpulse.collector.statefiles import (
+from rlpulse.collector.durability.segmentlog import Position
+from rlpulse.collector.durability.statefiles import (
     StateError,
     decode_record,
     load_json,
     move_aside,
     write_json_atomic,
 )
+from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.schemas.record import StepRecord
 
 if TYPE_CHECKING:
-    from rlpulse.collector.durable import DurableState
+    from rlpulse.collector.durability.durable import DurableState
 
-log = logging.getLogger("rlpulse.collector.durable")
+log = logging.getLogger("rlpulse.collector.durability.durable")
 _ratelog = RateLimitedLog(log)
 
 

@@ -37,17 +37,17 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rlpulse.collector.delta import step_entries
-from rlpulse.collector.members import ProducerInfo, Slot
-from rlpulse.collector.output import Emit, RunView
-from rlpulse.collector.steps import StepState
+from rlpulse.collector.output.records import Emit, RunView
+from rlpulse.collector.runs.members import ProducerInfo, Slot
+from rlpulse.collector.runs.steps import StepState
+from rlpulse.collector.tiers.delta import step_entries
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import Member, Table, TableDecl
 
 if TYPE_CHECKING:
-    from rlpulse.collector.aggregator import Aggregator
+    from rlpulse.collector.runs.aggregator import Aggregator
 
-log = logging.getLogger("rlpulse.collector.relay")
+log = logging.getLogger("rlpulse.collector.tiers.relay")
 FORWARDED_STEPS = 4096
 """Steps per run for which the relay remembers which ranks it forwarded."""
 HEARTBEAT_S = 2.0
@@ -110,7 +110,7 @@ class _Forwarded:
 
 
 class Relay:
-    """A relay's :class:`~rlpulse.collector.output.StepOutput`: an aggregator with this
+    """A relay's :class:`~rlpulse.collector.output.records.StepOutput`: an aggregator with this
     output completes steps over its own ranks and emits :class:`RelayRecord` (announcements,
     deltas, heartbeats) for the upstream sink instead of step records (see the module
     docstring).
@@ -122,7 +122,7 @@ class Relay:
 
     def __init__(self, relay_id: int) -> None:
         self.relay_id = relay_id
-        """The producer id this relay has upstream (``rlpulse.collector.upstream.relay_id``,
+        """The producer id this relay has upstream (``rlpulse.collector.tiers.upstream.relay_id``,
         persisted in ``state_dir``)."""
         self.next_seq = 1
         self.forwarded: dict[str, _Forwarded] = {}

@@ -4,7 +4,7 @@ The Aggregator decides *when* a step of a run is finished (complete, or due part
 it and takes it out of the run's open steps; its :class:`StepOutput` decides what is made of
 it, reading the run through a :class:`RunView` and sending the result with ``emit``. The
 collector's output is :class:`StepRecords` (a :class:`~rlpulse.schemas.record.StepRecord` for
-the sinks); a relay's is ``rlpulse.collector.relay.Relay`` (a delta for the collector above):
+the sinks); a relay's is ``rlpulse.collector.tiers.relay.Relay`` (a delta for the collector above):
 one aggregator, two outputs, no subclass.
 
 >>> out = StepRecords(tps_window=10, health=Health())
@@ -18,24 +18,24 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlpulse.collector.derived import Throughput
 from rlpulse.collector.health import Health
-from rlpulse.collector.members import Members, ProducerInfo, Slot
-from rlpulse.collector.names import NameTable
+from rlpulse.collector.output.derived import Throughput
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.steps import StepState
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
+from rlpulse.collector.runs.names import NameTable
+from rlpulse.collector.runs.steps import StepState
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import stragglers
 
 if TYPE_CHECKING:
-    from rlpulse.collector.aggregator import Aggregator
+    from rlpulse.collector.runs.aggregator import Aggregator
 
 log = logging.getLogger("rlpulse.collector")
 Emit = Callable[[Any], None]
 
 
 class RunView(Protocol):
-    """What an output reads of a run (``rlpulse.collector.run.Run``); it changes nothing."""
+    """What an output reads of a run (``rlpulse.collector.runs.run.Run``); it changes nothing."""
 
     @property
     def name(self) -> str: ...
@@ -61,7 +61,7 @@ class RunView(Protocol):
 
 class StepOutput(Protocol):
     """What becomes of a finished step. Implemented by :class:`StepRecords` (a collector)
-    and ``rlpulse.collector.relay.Relay`` (a relay)."""
+    and ``rlpulse.collector.tiers.relay.Relay`` (a relay)."""
 
     local: bool
     """Steps complete over the ranks registered *here*, and run attempts are decided

@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlpulse.collector.clock import CLOCK_SKEW_S
-from rlpulse.collector.members import ProducerInfo
-from rlpulse.collector.sketches import by_table_row
-from rlpulse.collector.steps import StepState
+from rlpulse.collector.intake.clock import CLOCK_SKEW_S
+from rlpulse.collector.runs.members import ProducerInfo
+from rlpulse.collector.runs.sketches import by_table_row
+from rlpulse.collector.runs.steps import StepState
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import Table
 from rlpulse.schemas.sketch import encode as encode_sketch
 
 if TYPE_CHECKING:
-    from rlpulse.collector.aggregator import Aggregator
-    from rlpulse.collector.output import RunView
+    from rlpulse.collector.output.records import RunView
+    from rlpulse.collector.runs.aggregator import Aggregator
 
 
 def step_entries(

@@ -208,7 +208,7 @@ class Delivery:
         for a registered producer; for one not registered yet only if :meth:`_hold` would
         keep it. Otherwise it is counted and dropped as there, before it is decoded, so a
         flood of large messages from producers that never register goes as fast as it comes
-        instead of queueing in ZeroMQ (``rlpulse.collector.receiver``)."""
+        instead of queueing in ZeroMQ (``rlpulse.collector.intake.receiver``)."""
         if producer in self.last_seq or self._room(nbytes):
             return True
         self._drop_unknown(producer)

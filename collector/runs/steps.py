@@ -2,15 +2,15 @@
 
 Each open step is a :class:`StepState`: an array of mergeable states
 (``rlpulse.schemas.values``) with a row per name of the run's name table
-(``rlpulse.collector.names``), which rows were touched and by which roles, and which
+(``rlpulse.collector.runs.names``), which rows were touched and by which roles, and which
 (role, rank) slots have finished the step. A rank finishes step ``s`` by logging a later
 step, by saying so (``done``), or by closing. Entries wait, grouped by step and name table,
 and are merged in one pass of array operations when the step is next looked at.
 
 Every entry merged into a step is kept (:class:`StepInput`) until the step is emitted, so
 the data of a process replaced since can be taken out exactly (``Run.withdraw``). When a
-step is due is decided in ``rlpulse.collector.completion``; who takes a slot over, in
-``rlpulse.collector.run``.
+step is due is decided in ``rlpulse.collector.runs.completion``; who takes a slot over, in
+``rlpulse.collector.runs.run``.
 
 >>> from rlpulse.schemas.metrics import CATALOG
 >>> steps = OpenSteps(NameTable("r", catalog=CATALOG, health=Health(), max_names=8), Health())
@@ -30,10 +30,10 @@ from typing import NamedTuple
 import numpy as np
 
 from rlpulse.collector.health import Health
-from rlpulse.collector.members import Members, Slot
-from rlpulse.collector.names import Layout, NameTable
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.sketches import merge_into, read as read_quantile
+from rlpulse.collector.runs.members import Members, Slot
+from rlpulse.collector.runs.names import Layout, NameTable
+from rlpulse.collector.runs.sketches import merge_into, read as read_quantile
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Table
 from rlpulse.schemas.sketch import encode as encode_sketch
@@ -88,7 +88,7 @@ class StepState:
     position: object = None
     """Write-ahead-log position of the step's first data: the log is needed from here on."""
     spans: list[Span] = field(default_factory=list)
-    """Every rank's phases in the step (``rlpulse.collector.spans``)."""
+    """Every rank's phases in the step (``rlpulse.collector.runs.spans``)."""
     inputs: list[StepInput] = field(default_factory=list)
     """Every entry merged into the step, kept until it is emitted so a replaced process's
     data can be withdrawn exactly (``Run.withdraw``)."""

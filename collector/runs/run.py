@@ -33,19 +33,19 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from rlpulse.collector.completion import HARD_OPEN_FACTOR, due
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.health import Health
-from rlpulse.collector.members import Members, ProducerInfo, Slot
-from rlpulse.collector.membership import Membership
-from rlpulse.collector.names import NameTable
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.sketches import by_table_row
-from rlpulse.collector.spans import SpanReader
-from rlpulse.collector.steps import OpenSteps, StepState
+from rlpulse.collector.runs.completion import HARD_OPEN_FACTOR, due
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
+from rlpulse.collector.runs.membership import Membership
+from rlpulse.collector.runs.names import NameTable
+from rlpulse.collector.runs.sketches import by_table_row
+from rlpulse.collector.runs.spans import SpanReader
+from rlpulse.collector.runs.steps import OpenSteps, StepState
 
 if TYPE_CHECKING:
-    from rlpulse.collector.output import StepOutput
+    from rlpulse.collector.output.records import StepOutput
 
 log = logging.getLogger("rlpulse.collector")
 
@@ -53,7 +53,7 @@ log = logging.getLogger("rlpulse.collector")
 class Run:
     """One run's state, owned here: the Aggregator routes a run's messages to it.
 
-    Read by a :class:`~rlpulse.collector.output.StepOutput` as a ``RunView``."""
+    Read by a :class:`~rlpulse.collector.output.records.StepOutput` as a ``RunView``."""
 
     def __init__(
         self,

@@ -1,18 +1,18 @@
 """Per-(run, step) merging across every rank of every role: decoded messages in, finished
 steps out, exactly once each.
 
-The Aggregator routes: a hello registers its producer (``rlpulse.collector.membership``) and
-a message of a run goes to that run's :class:`~rlpulse.collector.run.Run`, which owns its
+The Aggregator routes: a hello registers its producer (``rlpulse.collector.runs.membership``) and
+a message of a run goes to that run's :class:`~rlpulse.collector.runs.run.Run`, which owns its
 members, name table, open steps and the life of its ranks' slots (and where the recovery
-rules read). A relay's delta is applied by ``rlpulse.collector.delta``, the relay protocol's
+rules read). A relay's delta is applied by ``rlpulse.collector.tiers.delta``, the relay protocol's
 two ends in one module. At every poll each run says which of its steps are due
-(``rlpulse.collector.completion``), and the Aggregator hands each to its
-:class:`~rlpulse.collector.output.StepOutput`: the collector's makes a
+(``rlpulse.collector.runs.completion``), and the Aggregator hands each to its
+:class:`~rlpulse.collector.output.records.StepOutput`: the collector's makes a
 :class:`~rlpulse.schemas.record.StepRecord` for the sinks, a relay's a delta for the collector
 above. It also implements the small protocol durable state recovers through
-(``rlpulse.collector.durable.Recoverable``).
+(``rlpulse.collector.durability.durable.Recoverable``).
 
-``log()`` times ahead of the collector's clock are bounded by it (``rlpulse.collector.clock``).
+``log()`` times ahead of the collector's clock are bounded by it (``rlpulse.collector.intake.clock``).
 
 >>> agg = Aggregator(records.append, CollectorConfig(grace_s=30))  # doctest: +SKIP
 >>> agg.handle(hello_msg, now); agg.handle(metrics_msg, now); agg.poll(now)  # doctest: +SKIP
@@ -24,18 +24,18 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlpulse.collector.clock import ClockBound
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.delta import apply_delta
 from rlpulse.collector.health import Health
-from rlpulse.collector.members import FINISHED, ProducerInfo
-from rlpulse.collector.membership import Membership
-from rlpulse.collector.names import NameTable
-from rlpulse.collector.output import StepOutput, StepRecords
+from rlpulse.collector.intake.clock import ClockBound
+from rlpulse.collector.output.records import StepOutput, StepRecords
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.run import Run
-from rlpulse.collector.spans import SpanReader
-from rlpulse.collector.steps import StepState
+from rlpulse.collector.runs.members import FINISHED, ProducerInfo
+from rlpulse.collector.runs.membership import Membership
+from rlpulse.collector.runs.names import NameTable
+from rlpulse.collector.runs.run import Run
+from rlpulse.collector.runs.spans import SpanReader
+from rlpulse.collector.runs.steps import StepState
+from rlpulse.collector.tiers.delta import apply_delta
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.metrics import CATALOG
@@ -61,7 +61,7 @@ class Aggregator:
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
         """``wall_clock``: the collector's wall time (``time.time``), which bounds the
-        producers' ``log()`` times (``rlpulse.collector.clock``); None trusts them as given."""
+        producers' ``log()`` times (``rlpulse.collector.intake.clock``); None trusts them as given."""
         self.emit = emit
         self.config = config
         self.health = health or Health()

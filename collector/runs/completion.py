@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from rlpulse.collector.members import Members, Slot
-from rlpulse.collector.steps import StepState
+from rlpulse.collector.runs.members import Members, Slot
+from rlpulse.collector.runs.steps import StepState
 
 HARD_OPEN_FACTOR = 8
 """Open steps beyond ``max_open_steps`` times this are emitted partial, oldest first: the

@@ -1,7 +1,7 @@
 """Who a producer is, and who a run is made of: :class:`ProducerInfo` (one registered worker
 process, its slot and its watermark) and :class:`Members` (one run's roles, their world sizes
 and which producer holds each (role, rank) slot). Registration and liveness, which make and
-change them, are in ``rlpulse.collector.membership``.
+change them, are in ``rlpulse.collector.runs.membership``.
 
 >>> m = Members(first_seen=0.0)
 >>> m.add_role("actor_train", 2)

@@ -40,8 +40,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
-from rlpulse.collector.statefiles import (
+from rlpulse.collector.durability.segmentlog import (
+    Position,
+    SegmentLog,
+    inspect,
+    read_mark,
+    segment_path,
+)
+from rlpulse.collector.durability.statefiles import (
     StateError,
     decode_record,
     encode_record,
@@ -49,7 +55,7 @@ from rlpulse.collector.statefiles import (
     move_aside,
     write_json_atomic,
 )
-from rlpulse.collector.statelock import StateLock
+from rlpulse.collector.durability.statelock import StateLock
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.record import StepRecord
@@ -57,7 +63,7 @@ from rlpulse.schemas.record import StepRecord
 
 class Recoverable(Protocol):
     """What recovery needs of the aggregator: replay messages, skip emitted steps, and a
-    snapshot of what open steps do not hold (``rlpulse.collector.aggregator.Aggregator``)."""
+    snapshot of what open steps do not hold (``rlpulse.collector.runs.aggregator.Aggregator``)."""
 
     def handle(
         self, msg: protocol.Message, now: float, position: object = None, replay: bool = False
@@ -74,7 +80,7 @@ class Recoverable(Protocol):
 
 class Sequencer(Protocol):
     """What recovery needs of delivery: where each producer's numbering stands
-    (``rlpulse.collector.delivery.Delivery``)."""
+    (``rlpulse.collector.intake.delivery.Delivery``)."""
 
     def note_replayed(self, msg: protocol.Message) -> None: ...
 
@@ -83,7 +89,7 @@ class Sequencer(Protocol):
     def restore(self, snapshot: Mapping[str, int]) -> None: ...
 
 
-log = logging.getLogger("rlpulse.collector.durable")
+log = logging.getLogger("rlpulse.collector.durability.durable")
 CHECKPOINT_SHARE = 4
 """A checkpoint is also due once a ``1/CHECKPOINT_SHARE`` of a segment was logged since the
 last one: compaction then follows the log's growth, not only the clock, and the log stays

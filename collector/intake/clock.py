@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 
 from rlpulse.collector.health import Health
-from rlpulse.collector.members import ProducerInfo
+from rlpulse.collector.runs.members import ProducerInfo
 
 log = logging.getLogger("rlpulse.collector")
 CLOCK_SKEW_S = 2.0

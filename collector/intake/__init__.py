@@ -1,0 +1,2 @@
+"""What comes in: the socket and its bounds (``receiver``), exactly-once ordering and the
+acknowledgements (``delivery``), and producers' clocks bounded by the collector's (``clock``)."""
