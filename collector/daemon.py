@@ -208,7 +208,7 @@ class Collector:
                 if durable is not None and not isinstance(accepted, protocol.Heartbeat):
                     position = durable.log_input(payload)
                 agg.handle(accepted, now, position)
-        return self.health.messages_received - received
+        return int(self.health.messages_received - received)
 
     def _release(self, now: float) -> None:
         """Apply what held-back producers sent ahead, now that their runs have room."""
@@ -279,8 +279,8 @@ class Collector:
         if self._upstream is not None:  # a relay tells the root, in its heartbeats
             self._upstream.report(
                 {
-                    "disk_errors": self.health.disk_errors,
-                    "state_unwritable": 1 - self.health.state_writable,
+                    "disk_errors": int(self.health.disk_errors),
+                    "state_unwritable": int(1 - self.health.state_writable),
                 }
             )
 

@@ -147,7 +147,7 @@ class Delivery:
         if isinstance(msg, HELLOS):
             self.identity[pid] = identity
             self._owe_now(pid)
-            out = [(msg, raw)]
+            out: list[tuple[protocol.Message, bytes]] = [(msg, raw)]
             if pid not in self.last_seq:
                 self.last_seq[pid] = msg.seq - 1
                 held = self._held.pop(pid, [])
@@ -285,7 +285,7 @@ class Delivery:
                 self.health.out_of_order += 1
                 self._ask_resend(pid)
             return []
-        if admit is not None and type(msg) is not protocol.Rejected and not admit(msg):
+        if admit is not None and not isinstance(msg, protocol.Rejected) and not admit(msg):
             if pid not in self._held_back:
                 self._held_back.add(pid)
                 self._tell_hold.add(pid)
@@ -306,7 +306,7 @@ class Delivery:
             self._owe_now(pid)
         else:
             self._owe_later(pid)
-        if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
+        if isinstance(msg, protocol.Rejected):  # its number is used up; nothing to apply
             self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
             return []
         return [(msg, raw)]
@@ -341,8 +341,9 @@ class Delivery:
             closing = pid in self._closing
             while (item := parked.get(self.last_seq[pid] + 1)) is not None:
                 msg, raw = item
-                admitted = admit(msg, closing=True) if closing else admit(msg)
-                if type(msg) is not protocol.Rejected and not admitted:
+                if not isinstance(msg, protocol.Rejected) and not (
+                    admit(msg, closing=True) if closing else admit(msg)
+                ):
                     break
                 del parked[msg.seq]
                 self._held_count -= 1

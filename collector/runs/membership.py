@@ -293,8 +293,8 @@ class Membership:
         otherwise), its values of names left out; to a relay, its members' late entries."""
         prod = self.producers.get(pid)
         if prod is None:
-            late = self.relay_late.get(pid)
-            return 0, 0, "", 0, list(late.items()) if late else []
+            told = self.relay_late.get(pid)
+            return 0, 0, "", 0, list(told.items()) if told else []
         late = prod.late + self.upstream_late.get(pid, 0)
         run = prod.run if prod.asked_run else ""
         return late, prod.conflict, run, prod.names_dropped, []

@@ -56,6 +56,7 @@ try:
         REPLACED,
         Encoder,
         FamiliesCollector,
+        Family,
         FamilyData,
         ProcessSnapshot,
         TextCache,
@@ -351,7 +352,7 @@ class PrometheusSink(Sink):
     def _metric_families(
         self, runs: Mapping[str, tuple], taken: dict[str, str]
     ) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
+        families: dict[str, Family] = {}
         logged = {name for state in runs.values() for name in state[4]}
         names = sorted(logged | (self._counters - REPLACED)) if runs else []
         for name in names:

@@ -39,15 +39,19 @@ def number(value: Any) -> float | None:
     return float(value)
 
 
+Family = CounterMetricFamily | GaugeMetricFamily
+"""A family that takes samples (``add_metric``)."""
+
+
 def make_family(
     name: str,
     help_: str,
     kind: str,
     labels: Sequence[str],
     samples: Iterable[tuple[Sequence[str], float]],
-) -> Metric:
+) -> Family:
     """A counter or gauge family named ``name`` holding ``samples`` (label values, value)."""
-    out: Metric
+    out: Family
     if kind == "counter":
         out = CounterMetricFamily(name, help_, labels=labels)
     else:

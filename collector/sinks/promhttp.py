@@ -104,7 +104,8 @@ class _Handler(WSGIRequestHandler):
     def setup(self) -> None:
         self.connection, head = self.request
         self.rfile = io.BytesIO(head)
-        self.wfile = _SendAll(self.connection)
+        # wsgiref only writes to wfile: a raw stream that sends each write whole will do
+        self.wfile = _SendAll(self.connection)  # type: ignore[assignment]
 
     def finish(self) -> None:
         pass  # the server closes the socket
@@ -151,7 +152,7 @@ class BoundedServer(WSGIServer):
         """Listen on ``host:port`` (OSError if it cannot) and serve ``app``."""
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]
-        server = cls((sockaddr[0], port), family, tls)
+        server = cls((str(sockaddr[0]), port), family, tls)
         server.set_app(app)
         server._thread = threading.Thread(
             target=server._read_heads, name="rlpulse-metrics-http", daemon=True
@@ -293,7 +294,8 @@ class BoundedServer(WSGIServer):
         try:
             sock.setblocking(True)
             sock.settimeout(REQUEST_TIMEOUT_S)  # a client that does not read its answer
-            _Handler((sock, head), sock.getpeername(), self)
+            # The request is (socket, head already read): _Handler.setup takes it apart.
+            _Handler((sock, head), sock.getpeername(), self)  # type: ignore[arg-type]
         except Exception:  # a client gone mid-answer is no error of ours
             log.debug("metrics http: a request failed", exc_info=True)
         finally:
