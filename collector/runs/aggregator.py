@@ -124,7 +124,8 @@ class Aggregator:
             return
         if kind is protocol.Metrics:
             run = self.run(prod.run)
-            sealing = run.sealing(prod, replay)
+            # the common case, decided here: the producer holds its slot (no call per message)
+            sealing = False if self.membership.holds_slot(prod) else run.sealing(prod, replay)
             if sealing is None:
                 run.refuse(prod, len(msg.entries), replay)  # type: ignore[union-attr]
                 return

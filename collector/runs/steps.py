@@ -71,6 +71,9 @@ class StepInput(NamedTuple):
     """A relay's entry: per table row, the roles behind it (bits)."""
 
 
+_new_input = tuple.__new__
+
+
 @dataclass
 class StepState:
     """Partial aggregate of one step."""
@@ -177,7 +180,9 @@ class OpenSteps:
             return
         if sketches:
             self._sketch(state, table, sketches)
-        state.inputs.append(StepInput(table, values, nonfinite, sketches, t, t, pid, role_bit))
+        # StepInput(...) without its Python-level __new__: this runs for every entry
+        record = (table, values, nonfinite, sketches, t, t, pid, role_bit, (), None)
+        state.inputs.append(_new_input(StepInput, record))
         group.roles |= 1 << role_bit
         if nonfinite:
             state.nonfinite.update(nonfinite)
