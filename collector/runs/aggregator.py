@@ -165,8 +165,9 @@ class Aggregator:
         unacknowledged, and asks for it again once steps were emitted): a producer merely
         ahead of the others (it has finished the oldest open step) is held back instead of
         forcing the oldest steps out partial. A ``closing`` producer (its goodbye has come,
-        behind the data held back) is admitted up to the hard bound (``HARD_OPEN_FACTOR``
-        times the window), so its ``close()`` need not wait for the others to catch up."""
+        behind the data held back) is admitted up to the hard bound
+        (``completion.HARD_OPEN_FACTOR`` times the window), so its ``close()`` need not wait
+        for the others to catch up (``Run.admits``)."""
         if type(msg) is not protocol.Metrics:
             return True
         prod = self.membership.producers.get(msg.producer)

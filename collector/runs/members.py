@@ -60,10 +60,10 @@ class ProducerInfo:
     computed by the collector (told back in acks; not saved: counted again after a
     restart from what is replayed)."""
     replaced: int | None = None
-    """The producer whose slot it took when it registered (withdrawn by the aggregator)."""
+    """The producer whose slot it took when it registered (withdrawn by its run: ``Run.took_over``)."""
     resumes_after: int | None = None
     """It took its slot from another process, which had finished every step up to this
-    one; None once its own first step is known (``Aggregator._resume``), or if it took no
+    one; None once its own first step is known (``Run.resume``), or if it took no
     slot from anyone."""
     aliases: dict[str, str] = field(default_factory=dict)
     """A relay's runs as the relay names them -> as this collector records them."""
