@@ -28,8 +28,8 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks.common import write_json
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.producer import Masked
 from rlpulse.producer.copies import snapshot_value as snapshot_mmm
 from rlpulse.producer.reduce import reduce_value

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.daemon import Collector, write_ready_file
-from rlpulse.collector.receiver import return_large_buffers
+from rlpulse.collector.intake.receiver import return_large_buffers
 from rlpulse.schemas.errors import ConfigError
 
 PROG = "python -m rlpulse.collector"

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from rlpulse.collector.discovery import TargetPolicy
+from rlpulse.collector.output.discovery import TargetPolicy
 from rlpulse.collector.sinks import SINKS, sink_class
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.messages import DEFAULT_LIMITS
@@ -68,7 +68,7 @@ class CollectorConfig:
       cardinality bomb must not take memory without bound).
     * ``curve``: CurveZMQ encryption and authentication, ``{server_cert: <server>.key_secret,
       clients_dir: <folder of allowed clients' .key files>}`` (``python -m rlpulse.collector keygen``).
-    * ``upstream``: makes this collector a *relay* (``rlpulse.collector.relay``): it merges its own
+    * ``upstream``: makes this collector a *relay* (``rlpulse.collector.tiers.relay``): it merges its own
       ranks' states per step and forwards them, as states, to the collector at this address,
       which merges the relays again. A relay has no trackers. ``upstream_curve``:
       ``{server_key: <above>.key, client_cert: <relay>.key_secret}`` when the collector above
@@ -76,7 +76,7 @@ class CollectorConfig:
     * ``sd_targets``: which registered ``/metrics`` endpoints ``/sd`` may list for Prometheus,
       ``{allow: [networks, addresses, host names, "*.suffix"], deny: [...]}``; ``deny``
       defaults to the link-local networks and cloud metadata addresses, ``allow`` to any host
-      (``rlpulse.collector.discovery.TargetPolicy``).
+      (``rlpulse.collector.output.discovery.TargetPolicy``).
     """
 
     bind: str = DEFAULT_BIND
@@ -171,7 +171,7 @@ class CollectorConfig:
 
     @property
     def target_policy(self) -> TargetPolicy:
-        """``sd_targets`` as the policy ``rlpulse.collector.discovery`` applies."""
+        """``sd_targets`` as the policy ``rlpulse.collector.output.discovery`` applies."""
         return TargetPolicy.from_mapping(self.sd_targets)
 
     @classmethod

@@ -2,10 +2,10 @@
 
 One thread receives and aggregates (ZeroMQ ROUTER socket, polled with a short timeout so grace
 periods and liveness are checked even when nothing arrives); every sink runs on its own
-thread (``rlpulse.collector.fanout``). Per receive batch:
+thread (``rlpulse.collector.output.fanout``). Per receive batch:
 
 1. decode and validate each message (rejects counted by reason, logged with rate limiting);
-2. deduplicate and order it per producer (``rlpulse.collector.delivery``);
+2. deduplicate and order it per producer (``rlpulse.collector.intake.delivery``);
 3. append it to the write-ahead log (with ``state_dir``) and apply it to the aggregator;
 4. emit finished steps (to the outbox with ``state_dir``, else to the sinks' queues);
 5. make the logs durable, wake the sinks, and only then acknowledge to the producers.
@@ -25,7 +25,6 @@ reminder a minute at most. Writing resumes by itself once there is space.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -36,19 +35,21 @@ from pathlib import Path
 
 import zmq
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.delivery import Delivery
-from rlpulse.collector.discovery import PUBLISH_S, Discovery
-from rlpulse.collector.durable import DurableState
-from rlpulse.collector.fanout import FanOut
+from rlpulse.collector.durability.durable import DurableState
 from rlpulse.collector.health import Health
+from rlpulse.collector.intake.delivery import Delivery
+from rlpulse.collector.intake.receiver import Endpoint, Receiver
+from rlpulse.collector.loopclock import LoopClock
+from rlpulse.collector.output.discovery import PUBLISH_S, Discovery
+from rlpulse.collector.output.fanout import FanOut
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.receiver import Endpoint, Receiver
-from rlpulse.collector.relay import Relay
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.collector.sinks import build_sink
 from rlpulse.collector.sinks.base import Sink, SinkContext
-from rlpulse.collector.upstream import UpstreamSink, relay_id
+from rlpulse.collector.stopreport import log_stopped, write_stop_report
+from rlpulse.collector.tiers.relay import Relay
+from rlpulse.collector.tiers.upstream import UpstreamSink, relay_id
 from rlpulse.schemas import protocol
 from rlpulse.schemas.metrics import CATALOG
 
@@ -62,11 +63,6 @@ BATCH = 2000
 """Messages received between two checks of the step timers."""
 RETRY_S = 1.0
 """While ``state_dir`` cannot be written (a full disk), how often writing is tried again."""
-LOOP_GAP_S = 1.0
-"""The most time between two readings of the aggregator's clock (``Collector._now``) that
-counts against producers; the main loop waits at most ``POLL_MS`` between them. The rest of a
-longer gap is the collector's own (frozen by SIGSTOP, a VM pause, swapped out, or too busy to
-read): producers could not be heard then, so it runs no liveness or grace period out."""
 
 
 class Collector:
@@ -95,13 +91,10 @@ class Collector:
         self.health = Health(sinks=self._sink_stats)
         self.health.state_writable = 1
         self._clock = clock
-        self._stalled_since: float | None = None
-        """When writing ``state_dir`` started failing (None: it works)."""
-        self._paused_s = 0.0
-        self._last_tick = clock()
-        """The raw clock at the last reading of :meth:`_now` (to find the loop's own gaps)."""
         self._disk_errors = 0
         self._disk_log = RateLimitedLog(log, interval_s=60.0)
+        self._loop = LoopClock(clock, self.health, self._disk_log, log)
+        """The aggregator's clock (``rlpulse.collector.loopclock``)."""
         self._stop = threading.Event()
         self._closed = False
         self._final = False
@@ -215,7 +208,7 @@ class Collector:
                 if durable is not None and not isinstance(accepted, protocol.Heartbeat):
                     position = durable.log_input(payload)
                 agg.handle(accepted, now, position)
-        return self.health.messages_received - received
+        return int(self.health.messages_received - received)
 
     def _release(self, now: float) -> None:
         """Apply what held-back producers sent ahead, now that their runs have room."""
@@ -225,30 +218,15 @@ class Collector:
             agg.handle(accepted, now, position)
 
     def _now(self) -> float:
-        """The aggregator's clock. It stands still while ``state_dir`` cannot be written, and
-        for what exceeds ``LOOP_GAP_S`` of a gap in the main loop (a frozen collector): nothing
-        is received then, so grace periods and liveness must not run out for data that waits
-        in the producers. Read before every use: a freeze is found before liveness is judged."""
-        raw = self._clock()
-        gap, self._last_tick = raw - self._last_tick - LOOP_GAP_S, raw
-        if self._stalled_since is not None:
-            return self._stalled_since - self._paused_s  # already standing still
-        if gap > 0:
-            self._paused_s += gap
-            self.health.paused_seconds = round(self._paused_s, 3)
-            self._disk_log.warn(
-                "gap",
-                f"the collector did not run for {gap + LOOP_GAP_S:.1f}s (stopped, paused, "
-                "swapped out or overloaded): not counted against producers' liveness or "
-                "grace (rlpulse_collector_paused_seconds_total)",
-            )
-        return raw - self._paused_s
+        """The aggregator's clock: it stands still while ``state_dir`` cannot be written,
+        and for the main loop's own gaps (``rlpulse.collector.loopclock``)."""
+        return self._loop.now()
 
     def _settle(self) -> None:
         """Emit what is due, make it durable, wake the sinks, then acknowledge; now and then
         publish the registered endpoints for service discovery."""
         now = self._now()
-        if self._stalled_since is None:
+        if not self._loop.stalled:
             self.aggregator.poll(now)
             self._release(now)
         if now >= self._discovery_due:
@@ -273,8 +251,8 @@ class Collector:
             self._state_failed(exc)
             self._count_disk_errors()
             return False
-        if self._stalled_since is not None:
-            self._state_resumed()
+        if self._loop.stalled:
+            self._loop.resume(durable.dir)
         self.fanout.notify()
         membership = self.aggregator.membership
         force_checkpoint |= membership.decided  # run attempts are decided once, durably
@@ -301,44 +279,15 @@ class Collector:
         if self._upstream is not None:  # a relay tells the root, in its heartbeats
             self._upstream.report(
                 {
-                    "disk_errors": self.health.disk_errors,
-                    "state_unwritable": 1 - self.health.state_writable,
+                    "disk_errors": int(self.health.disk_errors),
+                    "state_unwritable": int(1 - self.health.state_writable),
                 }
             )
 
     def _state_failed(self, exc: OSError) -> None:
         self._disk_errors += 1
         assert self.durable is not None
-        if self._stalled_since is None:
-            self._stalled_since = self._clock()
-            self.health.state_writable = 0
-            log.error(
-                "cannot write the state in %s (%s): receiving and acknowledging nothing until "
-                "it can (producers keep their data meanwhile and resend it); retrying every "
-                "%gs. See rlpulse_collector_state_writable and _disk_errors_total",
-                self.durable.dir,
-                exc,
-                RETRY_S,
-            )
-        else:
-            self._disk_log.warn(
-                "still",
-                f"{self.durable.dir} still cannot be written ({exc.strerror}); "
-                f"{self.durable.unsaved_bytes} bytes wait to be written",
-            )
-
-    def _state_resumed(self) -> None:
-        assert self._stalled_since is not None and self.durable is not None
-        stalled = self._clock() - self._stalled_since
-        self._paused_s += stalled
-        self.health.paused_seconds = round(self._paused_s, 3)
-        self._stalled_since = None
-        self.health.state_writable = 1
-        log.warning(
-            "the state in %s can be written again after %.1fs; receiving and acknowledging",
-            self.durable.dir,
-            stalled,
-        )
+        self._loop.stall(self.durable.dir, exc, self.durable.unsaved_bytes, RETRY_S)
 
     def run(self) -> None:
         """Serve until stopped, then drain what is queued, flush open steps and close sinks."""
@@ -353,11 +302,11 @@ class Collector:
             "; CurveZMQ on" if self.config.curve is not None else "",
         )
         clock, next_settle, received, busy = self._clock, 0.0, False, False
-        self._last_tick = clock()  # start-up (recovery, sinks opening) is no gap of the loop
+        self._loop.start()  # start-up (recovery, sinks opening) is no gap of the loop
         flowing = False  # the last window brought messages: sleep through the next, no poll
         try:
             while not self._stop.is_set():
-                if self._stalled_since is not None:
+                if self._loop.stalled:
                     self._stop.wait(RETRY_S)  # receive nothing the log could not take
                 elif received or flowing:
                     # Data in hand, or data arriving: what arrives before the settle is due
@@ -379,34 +328,23 @@ class Collector:
             self.close()
 
     def _report_stop(self, abandoned: list[str]) -> None:
-        """With ``state_dir``: what this stop left there, as ``stopped.json`` (read by
-        ``rlpulse.collector.onray``): open steps kept for a next start, and per sink the records not
-        written (a relay's ``upstream``: not acknowledged by the collector above)."""
-        if self.config.state_dir is None:
-            return
-        h = self.health
-        report = {
-            "final": self._final,
-            "open_steps": self.aggregator.open_steps(),
-            "unwritten": {w.name: w.backlog() for w in self.fanout.workers if w.backlog()},
-            "abandoned": abandoned,
-            "steps_emitted": h.steps_emitted,
-            "partial_steps": h.partial_steps,
-            "late": h.late,
-        }
-        path = Path(self.config.state_dir) / "stopped.json"
-        try:
-            path.with_suffix(".tmp").write_text(json.dumps(report))
-            path.with_suffix(".tmp").replace(path)
-        except OSError as exc:  # a report only: the stop goes on
-            log.error("cannot write %s: %s", path, exc)
+        """With ``state_dir``: what this stop left there (``rlpulse.collector.stopreport``)."""
+        if self.config.state_dir is not None:
+            write_stop_report(
+                Path(self.config.state_dir),
+                final=self._final,
+                open_steps=self.aggregator.open_steps(),
+                unwritten={w.name: w.backlog() for w in self.fanout.workers if w.backlog()},
+                abandoned=abandoned,
+                health=self.health,
+            )
 
     def close(self) -> None:
         """Drain the socket, emit or keep open steps (see the module docstring), close sinks."""
         if self._closed:
             return
         self._closed = True
-        while self._stalled_since is None and self._receive(BATCH):
+        while not self._loop.stalled and self._receive(BATCH):
             pass
         self._settle()
         if self.durable is None or self.config.upstream is not None or self._final:
@@ -425,7 +363,7 @@ class Collector:
                     self.config.state_dir,
                 )
             self._save()
-        if self._stalled_since is None:
+        if not self._loop.stalled:
             self.receiver.acknowledge(self.delivery.acks(self.aggregator.feedback, everything=True))
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:
@@ -448,23 +386,7 @@ class Collector:
         if self._endpoint is not None:
             self._endpoint.close()
         self._zmq.term()
-        h = self.health
-        log.info(
-            "rlpulse collector stopped: %d messages, %d steps emitted (%d partial), %d late, "
-            "%d malformed %s, %d duplicates, %d handshake failures, producers dropped %d, "
-            "%d entries never applied (no registration)%s",
-            h.messages_received,
-            h.steps_emitted,
-            h.partial_steps,
-            h.late,
-            sum(h.malformed.values()),
-            json.dumps(dict(sorted(h.malformed.items()))),
-            h.duplicates,
-            h.handshake_failed,
-            h.producer_dropped(),
-            h.unapplied,
-            f"; abandoned sinks: {', '.join(abandoned)}" if abandoned else "",
-        )
+        log_stopped(self.health, abandoned)
 
 
 def write_ready_file(path: str | Path, address: str) -> None:

@@ -11,8 +11,16 @@ Setting(value='offline', source='WANDB_MODE')
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from rlpulse.collector.sinks.base import Setting
+
+@dataclass(frozen=True)
+class Setting:
+    """A sink setting that did not come from its kwargs, and where it came from (for error
+    messages: ``WANDB_MODE``)."""
+
+    value: str
+    source: str
 
 
 def sink_defaults(variables: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, Setting]:

@@ -45,7 +45,7 @@ class SelfMetric:
     def __get__(self, obj: None, owner: type | None = None) -> SelfMetric: ...
 
     @overload
-    def __get__(self, obj: object, owner: type | None = None) -> int: ...
+    def __get__(self, obj: object, owner: type | None = None) -> float: ...  # paused_seconds
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         return self if obj is None else obj.__dict__.get(self.key, 0)

@@ -356,7 +356,7 @@ class Sender(threading.Thread):
             deadline = time.monotonic() + self._close_timeout_s
             # Held back or not, send everything now: the collector parks what it cannot
             # apply yet, and once the goodbye is among it, applies it all and acknowledges
-            # (``rlpulse.collector.delivery``: a closing producer).
+            # (``rlpulse.collector.intake.delivery``: a closing producer).
             self.outbox.go_on(time.monotonic())
             self._drain()
             # Keep a share of the time for the goodbye, even if the GPU never catches up.

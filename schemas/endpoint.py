@@ -3,7 +3,7 @@ engine's, a reward server's), checked once here for the producer, the decoder an
 collector's service discovery alike.
 
 The collector lists every registered URL for Prometheus' HTTP service discovery
-(``rlpulse.collector.discovery``), which wants the target's address, scheme and path apart, and no
+(``rlpulse.collector.output.discovery``), which wants the target's address, scheme and path apart, and no
 more: no credentials (the URL is served to anyone who can read ``/sd``), no query or fragment.
 
 >>> MetricsUrl.parse("http://10.0.0.5:8000/metrics")

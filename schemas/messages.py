@@ -46,7 +46,7 @@ STAT_KEYS = (
 ``unconfirmed`` (not a drop): calls sent but still unacknowledged when ``close()`` gave up,
 which the collector may have merged; ``dropped_send`` counts only calls that never went out."""
 RELAY_STAT_KEYS = ("disk_errors", "state_unwritable")
-"""What a relay's heartbeats add to the counters (``rlpulse.collector.upstream``): failed writes
+"""What a relay's heartbeats add to the counters (``rlpulse.collector.tiers.upstream``): failed writes
 under its ``state_dir``, and 1 while it cannot write there (0 otherwise). The collector above
 shows them on its /metrics; a producer's heartbeats do not carry them."""
 COLLECTOR_DROP_KEYS = ("dropped_late", "dropped_conflict", "dropped_rejected", "dropped_names")
@@ -195,7 +195,7 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     resume: bool = False
     """The producer continues a run that may already have ended on this collector (a job
     restarted from a checkpoint): the collector then continues that run instead of starting
-    a new attempt of it (``rlpulse.collector.membership``)."""
+    a new attempt of it (``rlpulse.collector.runs.membership``)."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):

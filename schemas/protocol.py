@@ -229,7 +229,7 @@ def decode(
 class Rejected(msgspec.Struct, frozen=True, gc=False):
     """A data message the collector refused, as far as it can still be read: whose it is,
     its number, why it was refused, and how many entries (``log()`` calls) it held. It takes
-    the message's place in the producer's numbering (``rlpulse.collector.delivery``), and the
+    the message's place in the producer's numbering (``rlpulse.collector.intake.delivery``), and the
     acknowledgement tells the producer what it lost, so the messages after it go on.
 
     >>> rejected(encode_done(7, 3, 2**63), SchemaError("bad_step", "too large"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from rlpulse.collector.env import sink_defaults
 from rlpulse.collector.sinks.base import Sink, SinkContext
@@ -24,7 +24,16 @@ SINKS: dict[str, str] = {
 }
 
 
-def sink_class(name: str) -> type[Sink]:
+class SinkClass(Protocol):
+    """What a sink class offers the map: its ``ENV`` and its validating constructor."""
+
+    ENV: ClassVar[Mapping[str, str]]
+    PATHS: ClassVar[tuple[str, ...]]
+
+    def from_kwargs(self, kwargs: Mapping[str, Any], ctx: SinkContext) -> Sink: ...
+
+
+def sink_class(name: str) -> SinkClass:
     """The class registered as ``name``; raise ConfigError for unknown names."""
     target = SINKS.get(name)
     if target is None:

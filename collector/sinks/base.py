@@ -4,7 +4,7 @@ A sink is one class in one file under ``collector/sinks/``. The collector builds
 ``from_kwargs(kwargs, ctx)`` at start-up (where bad kwargs raise :class:`ConfigError` naming the
 field, and a missing optional library raises one with the install hint), calls ``open()`` once,
 ``write(record)`` for every emitted step in order, and ``close()`` once. Each sink runs on its
-own worker thread (``rlpulse.collector.fanout``), so a slow sink delays nobody else; a sink may block
+own worker thread (``rlpulse.collector.output.fanout``), so a slow sink delays nobody else; a sink may block
 and may raise, and the fan-out retries and counts its failures.
 """
 
@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from rlpulse.collector.discovery import ScrapeTarget
+from rlpulse.collector.env import Setting
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.record import StepRecord
+
+if TYPE_CHECKING:  # a sink is handed the targets; it needs no discovery code
+    from rlpulse.collector.output.discovery import ScrapeTarget
 
 
 def _no_health() -> Mapping[str, float]:
@@ -31,20 +34,11 @@ def _no_targets() -> Sequence[ScrapeTarget]:
 
 
 @dataclass(frozen=True)
-class Setting:
-    """A sink setting that did not come from its kwargs, and where it came from (for error
-    messages: ``WANDB_MODE``)."""
-
-    value: str
-    source: str
-
-
-@dataclass(frozen=True)
 class SinkContext:
     """What a sink may use besides its kwargs.
 
     ``health`` returns a snapshot of the collector's own counters; ``scrape_targets`` the
-    registered metrics endpoints (``rlpulse.collector.discovery``), from any thread; ``defaults`` are
+    registered metrics endpoints (``rlpulse.collector.output.discovery``), from any thread; ``defaults`` are
     settings taken from outside the YAML, by the sink's own kwarg names (the environment
     variables a sink class lists in ``ENV``, read by ``rlpulse.collector.env``, never by the sink).
     """

@@ -28,7 +28,7 @@ import numpy as np
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.schemas import sketch
 from rlpulse.schemas.errors import SchemaError
 

@@ -1,6 +1,6 @@
 """Prometheus sink: serves ``/metrics`` with the latest aggregated value of every metric.
 
-``write()`` only stores the step's values (names from :func:`rlpulse.collector.promnames.prom_metric`,
+``write()`` only stores the step's values (names from :func:`rlpulse.collector.output.promnames.prom_metric`,
 labels ``run`` and ``role``); /metrics shows them with the collector's own health counters. A
 metric that a step does not report keeps its last value, as a gauge should. Histograms
 (``serve/latency``) are real Prometheus histograms and the server's errors are counters by kind,
@@ -8,17 +8,17 @@ summed over every step the sink has written (``promexport.Totals``): a scrape se
 counts, never one reporting window's. Counters exist before their first increment: every
 rejection reason (``rlpulse.schemas.errors.REJECT_REASONS``) from start-up, and each run's
 cumulative catalog metrics (``system/tokens``, ``system/samples``) from its first step, at 0.
+NaN and infinite samples producers dropped are counted per run and metric
+(``rlpulse_nonfinite_samples_total``, ``promnames.NONFINITE``).
 
-Rendering everything on every scrape cost the collector 2 ms of CPU a scrape (issue 24). What
-only a write changes is rendered at the first scrape after one and kept as text per exposition
-format (``promexport.TextCache``); the health counters are rendered again only when a value
-changed; a scrape joins the texts, the same bytes as ``prometheus_client`` makes of the registry.
+What only a write changes is rendered at the first scrape after one and kept as text
+(``promexport.TextCache``: rendering all at every scrape cost 2 ms of CPU, issue 24); health
+families are rendered again only when a value changed.
 
 Per-rank series are not exported: a :class:`~rlpulse.schemas.record.StepRecord` carries only values
 pooled across ranks. The same server answers ``GET /sd``: the ``/metrics`` endpoints producers
-registered, for Prometheus' HTTP service discovery (``rlpulse.collector.discovery``). The server
-is bounded against abusive clients (``rlpulse.collector.sinks.promhttp``: capped connections,
-request timeouts and sizes), and its own counters are on the page.
+registered, for Prometheus' HTTP service discovery (``rlpulse.collector.output.discovery``). The
+server (``promhttp``) is bounded against abusive clients; its own counters are on the page.
 
 >>> from prometheus_client import generate_latest
 >>> sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext())
@@ -31,20 +31,16 @@ True
 
 from __future__ import annotations
 
-import errno
-import gzip
 import logging
-import ssl
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
-from rlpulse.collector.discovery import with_discovery
 from rlpulse.collector.health import HTTP_METRICS
-from rlpulse.collector.promnames import PromMetric, prom_metric
+from rlpulse.collector.output.discovery import with_discovery
+from rlpulse.collector.output.promnames import PromMetric, prom_metric
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
@@ -53,23 +49,30 @@ from rlpulse.schemas.record import StepRecord
 # a missing library becomes a ConfigError with the install hint in from_kwargs.
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app
-    from prometheus_client.core import GaugeMetricFamily
-    from prometheus_client.exposition import choose_encoder, gzip_accepted
     from prometheus_client.metrics_core import Metric
 
     from rlpulse.collector.sinks.promdist import DistTotals, dist_families
     from rlpulse.collector.sinks.promexport import (
         REPLACED,
         Encoder,
+        FamiliesCollector,
+        Family,
         FamilyData,
         ProcessSnapshot,
         TextCache,
         Totals,
         health_data,
         make_family,
+        nonfinite_family,
+        run_families_of,
         total_families,
     )
-    from rlpulse.collector.sinks.promhttp import BoundedServer, tls_context
+    from rlpulse.collector.sinks.promhttp import (
+        BoundedServer,
+        check_tls,
+        metrics_app,
+        start_server,
+    )
 except ImportError:  # pragma: no cover - exercised only without the optional dependency
     CollectorRegistry = None  # type: ignore[assignment,misc]
 
@@ -80,21 +83,6 @@ _KEYS = ("host", "port", "certfile", "keyfile", "max_runs")
 DEFAULT_HOST = "127.0.0.1"
 """Loopback: /metrics is reachable from other machines only when ``host`` says so."""
 DEFAULT_MAX_RUNS = 16
-GZIP_LEVEL = 1
-"""Compression of /metrics for clients that accept gzip (a Prometheus server does). Not
-prometheus_client's 9: that took 0.3 ms of CPU for a 21 kB body, as much as the rest of a
-scrape, where 1 takes 0.09 ms for a body 10% larger."""
-
-_RUN_STEP = ("rlpulse_run_step", "Latest step emitted for the run.")
-_RUN_TIME = (
-    "rlpulse_run_step_timestamp_seconds",
-    "Producers' wall-clock end of the run's latest step (Unix time).",
-)
-_RUN_RANKS = ("rlpulse_run_ranks", "Producers whose data is in the run's latest step.")
-_RUN_PARTIAL = (
-    "rlpulse_run_step_partial",
-    "1 when the run's latest step was emitted without every rank.",
-)
 
 
 @dataclass
@@ -112,7 +100,7 @@ class _Run:
 
 @dataclass(frozen=True)
 class _Health:
-    """The health families of one snapshot, each with the data it was built from."""
+    """The health families of one snapshot, each with its data, and their names."""
 
     families: tuple[tuple[FamilyData, Metric], ...]
     names: frozenset[str]
@@ -176,7 +164,7 @@ class PrometheusSink(Sink):
         self._texts = TextCache()
         self._process = ProcessSnapshot()  # the collector's own CPU and memory
         self._plain = make_wsgi_app(self.registry)
-        """Serves what :meth:`_serve` leaves to prometheus_client (other methods, ``name[]``)."""
+        """Serves what ``promhttp.metrics_app`` leaves to prometheus_client (``name[]``...)."""
         self._server: BoundedServer | None = None
         self._warned: set[str] = set()
         self._prom: dict[str, PromMetric] = {}
@@ -189,7 +177,7 @@ class PrometheusSink(Sink):
             if entry.cumulative
             for out in entry.output_names().values()
         )
-        self.registry.register(_StepCollector(self))
+        self.registry.register(FamiliesCollector(self.families))
         self.registry.register(self._process)
 
     @classmethod
@@ -221,7 +209,7 @@ class PrometheusSink(Sink):
             if path is not None and (not isinstance(path, str) or not Path(path).is_file()):
                 raise ConfigError(f"{FIELD}.{key}", "is not a readable file", path)
         if tls["certfile"] is not None and tls["keyfile"] is not None:
-            _check_tls(tls["certfile"], tls["keyfile"])
+            check_tls(tls["certfile"], tls["keyfile"], FIELD)
         return cls(ctx, port=port, host=host, max_runs=max_runs, **tls)
 
     @property
@@ -238,24 +226,11 @@ class PrometheusSink(Sink):
             return
         # The server reads its app at every request. A registry passed in may hold collectors
         # of its own, so it is served by prometheus_client as it stands.
-        metrics = self._serve if self._own_registry else self._plain
+        metrics = metrics_app(self.exposition, self._plain) if self._own_registry else self._plain
         app = with_discovery(metrics, self._ctx.scrape_targets)
-        tls = None
-        if self._certfile is not None and self._keyfile is not None:
-            tls = tls_context(self._certfile, self._keyfile)
-        try:
-            self._server = BoundedServer.start(self._host, self._port, app, tls)
-        except OSError as exc:
-            where = f"{self._host}:{self._port}"
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"{FIELD}.port",
-                    f"cannot listen on {where}: the port is already in use",
-                    self._port,
-                ) from None
-            raise ConfigError(
-                f"{FIELD}.host", f"cannot listen on {where}: {exc.strerror or exc}", self._host
-            ) from None
+        self._server = start_server(
+            self._host, self._port, app, self._certfile, self._keyfile, field=FIELD
+        )
 
     def write(self, record: StepRecord) -> None:
         """Keep the step's values for the next scrape; never touches the network."""
@@ -279,6 +254,8 @@ class PrometheusSink(Sink):
                 if name not in REPLACED:
                     run.values[name] = (float(value), record.roles.get(name, ""))
             run.totals.add(record.metrics, record.roles)
+            if record.nonfinite:
+                run.totals.add_nonfinite(record.nonfinite, record.roles)
             if record.distributions:
                 run.dists.add(record.distributions, record.metrics, record.roles)
 
@@ -314,27 +291,6 @@ class PrometheusSink(Sink):
         yield from (family for _, family in health.families)
         yield from steps.metrics
 
-    def _serve(
-        self, environ: dict[str, Any], start_response: Callable[..., Any]
-    ) -> Iterable[bytes]:
-        """``prometheus_client.make_wsgi_app(self.registry)``, but for the body of a plain GET,
-        which comes from :meth:`exposition`."""
-        params = parse_qs(environ.get("QUERY_STRING", ""))
-        if (
-            environ["REQUEST_METHOD"] != "GET"
-            or environ.get("PATH_INFO") == "/favicon.ico"
-            or "name[]" in params
-        ):
-            return self._plain(environ, start_response)
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        output = self.exposition(encoder, content_type)
-        headers = [("Content-Type", content_type)]
-        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):  # as a Prometheus server asks
-            output = gzip.compress(output, compresslevel=GZIP_LEVEL)
-            headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
-        return [output]
-
     def _steps_part(self, health_names: frozenset[str]) -> _Steps:
         """The families of the written steps, built again only after a write (or when the
         health names they must yield to change)."""
@@ -350,12 +306,17 @@ class PrometheusSink(Sink):
                 dists = {n: r.dists.copy() for n, r in self._runs.items() if r.dists.counts}
             # Built outside _lock: write() goes on meanwhile, and the next scrape sees its step.
             taken: dict[str, str] = {}  # Prometheus name -> what owns it
-            run_families = list(self._run_families(runs, taken))
+            run_families = list(run_families_of(runs, taken))
             taken.update(dict.fromkeys(health_names, "rlpulse"))
             metrics = list(self._metric_families(runs, taken))
-            for family in total_families({run: state[5] for run, state in runs.items()}):
+            totals = {run: state[5] for run, state in runs.items()}
+            for family in total_families(totals):
                 taken.setdefault(family.name, "rlpulse")
                 metrics.append(family)
+            nonfinite = nonfinite_family(totals, self._prom_of)
+            if nonfinite is not None and nonfinite.name not in taken:
+                taken[nonfinite.name] = "rlpulse"
+                metrics.append(nonfinite)
             for family in dist_families(dists):
                 if family.name not in taken:  # a name clash is warned about by the metrics above
                     taken[family.name] = "rlpulse"
@@ -376,15 +337,6 @@ class PrometheusSink(Sink):
                 families.append(held)
         return _Health(tuple(families), frozenset(data[0] for data, _ in families))
 
-    def _run_families(self, runs: Mapping[str, tuple], taken: dict[str, str]) -> Iterator[Metric]:
-        specs = (_RUN_STEP, _RUN_TIME, _RUN_RANKS, _RUN_PARTIAL)
-        for index, (pname, help_) in enumerate(specs):
-            family = GaugeMetricFamily(pname, help_, labels=["run"])
-            for run, state in sorted(runs.items()):
-                family.add_metric([run], float(state[index]))
-            taken[pname] = "rlpulse"
-            yield family
-
     def _health_data(self) -> tuple[FamilyData, ...]:
         try:
             health = dict(self._ctx.health())
@@ -400,13 +352,11 @@ class PrometheusSink(Sink):
     def _metric_families(
         self, runs: Mapping[str, tuple], taken: dict[str, str]
     ) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
+        families: dict[str, Family] = {}
         logged = {name for state in runs.values() for name in state[4]}
         names = sorted(logged | (self._counters - REPLACED)) if runs else []
         for name in names:
-            pm = self._prom.get(name)
-            if pm is None:
-                pm = self._prom[name] = prom_metric(name, self._ctx.catalog)
+            pm = self._prom_of(name)
             owner = taken.setdefault(pm.name, pm.name if pm.labels else name)
             if owner != (pm.name if pm.labels else name):
                 self._warn_once(
@@ -431,44 +381,17 @@ class PrometheusSink(Sink):
                     family.add_metric([run, "", *extra], 0.0)
         yield from families.values()
 
+    def _prom_of(self, name: str) -> PromMetric:
+        """``name``'s Prometheus form (:func:`prom_metric`), worked out once."""
+        pm = self._prom.get(name)
+        if pm is None:
+            pm = self._prom[name] = prom_metric(name, self._ctx.catalog)
+        return pm
+
     def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(msg, *args, exc_info=exc_info)
-
-
-class _StepCollector:
-    """The ``prometheus_client`` collector: one ``collect()`` that asks the sink each scrape."""
-
-    def __init__(self, sink: PrometheusSink) -> None:
-        self._sink = sink
-
-    def collect(self) -> Iterable[Metric]:
-        return list(self._sink.families())  # the sink's, kept between scrapes: read only
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # names depend on what producers log; nothing to check at registration
-
-
-def _check_tls(certfile: str, keyfile: str) -> None:
-    """Load the pair as the server will, so a wrong file fails at start-up naming the field."""
-    try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
-    except ssl.SSLError as exc:
-        try:  # the usual mistake, worth saying so
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(keyfile, certfile)
-        except ssl.SSLError:
-            raise ConfigError(
-                f"{FIELD}.certfile",
-                f"cannot load the certificate {certfile!r} with the private key {keyfile!r} "
-                f"({exc.reason or exc}): certfile must hold the PEM certificate and keyfile "
-                "its private key",
-            ) from None
-        raise ConfigError(
-            f"{FIELD}.certfile",
-            f"certfile and keyfile are swapped: {certfile!r} holds the private key and "
-            f"{keyfile!r} the certificate",
-        ) from None
 
 
 __all__ = ["PrometheusSink"]

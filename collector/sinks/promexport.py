@@ -22,7 +22,7 @@ from rlpulse.collector.health import (
     SINK_METRICS,
     Health,
 )
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import NONFINITE, PromMetric, prom_metric
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import REJECT_REASONS
 from rlpulse.schemas.histogram import INF, Histogram
@@ -39,15 +39,19 @@ def number(value: Any) -> float | None:
     return float(value)
 
 
+Family = CounterMetricFamily | GaugeMetricFamily
+"""A family that takes samples (``add_metric``)."""
+
+
 def make_family(
     name: str,
     help_: str,
     kind: str,
     labels: Sequence[str],
     samples: Iterable[tuple[Sequence[str], float]],
-) -> Metric:
+) -> Family:
     """A counter or gauge family named ``name`` holding ``samples`` (label values, value)."""
-    out: Metric
+    out: Family
     if kind == "counter":
         out = CounterMetricFamily(name, help_, labels=labels)
     else:
@@ -132,6 +136,9 @@ class Totals:
         self.sums: dict[str, float] = {}
         self.errors: dict[str, float] = {}
         self.roles: dict[str, str] = {}
+        self.nonfinite: dict[str, float] = {}
+        """Per logged name, the NaN and infinite samples producers dropped (summed)."""
+        self.nonfinite_roles: dict[str, str] = {}
 
     def add(self, metrics: Mapping[str, float], roles: Mapping[str, str]) -> None:
         """Add one emitted step's values."""
@@ -156,11 +163,45 @@ class Totals:
                 self.errors[kind] = self.errors.get(kind, 0.0) + metrics[name]
                 self.roles.setdefault(ERRORS.name, roles.get(name, ""))
 
+    def add_nonfinite(self, counts: Mapping[str, int], roles: Mapping[str, str]) -> None:
+        """Add one emitted step's ``nonfinite`` counts (``StepRecord.nonfinite``)."""
+        for name, n in counts.items():
+            self.nonfinite[name] = self.nonfinite.get(name, 0.0) + n
+            role = roles.get(name)
+            if role:
+                self.nonfinite_roles[name] = role
+
     def copy(self) -> Totals:
         out = Totals()
         out.counts = {k: v.copy() for k, v in self.counts.items()}
         out.sums, out.errors, out.roles = dict(self.sums), dict(self.errors), dict(self.roles)
+        out.nonfinite, out.nonfinite_roles = dict(self.nonfinite), dict(self.nonfinite_roles)
         return out
+
+
+def nonfinite_family(
+    runs: Mapping[str, Totals], prom: Callable[[str], PromMetric]
+) -> Metric | None:
+    """``rlpulse_nonfinite_samples_total{run, role, metric}`` of every run's :class:`Totals`
+    (``metric``: the Prometheus name of the metric, ``prom``), or None before any was counted.
+
+    >>> t = Totals()
+    >>> t.add_nonfinite({"actor/loss": 2}, {})
+    >>> [(s.name, s.labels["metric"], s.value) for s in nonfinite_family({"r": t}, prom_metric)
+    ...  .samples]  # doctest: +NORMALIZE_WHITESPACE
+    [('rlpulse_nonfinite_samples_total', 'rlpulse_actor_loss', 2.0)]
+    """
+    if not any(t.nonfinite for t in runs.values()):
+        return None
+    family = CounterMetricFamily(
+        NONFINITE,
+        "Samples producers dropped as NaN or infinite, by the metric they were logged as.",
+        labels=["run", "role", "metric"],
+    )
+    for run, t in sorted(runs.items()):
+        for name, count in sorted(t.nonfinite.items()):
+            family.add_metric([run, t.nonfinite_roles.get(name, ""), prom(name).name], count)
+    return family
 
 
 def total_families(runs: Mapping[str, Totals]) -> Iterator[Metric]:
@@ -291,3 +332,39 @@ class TextCache:
             out.append(held[1])
         out.append(trailer)
         return b"".join(out)
+
+
+_RUN_FAMILIES = (
+    ("rlpulse_run_step", "Latest step emitted for the run."),
+    (
+        "rlpulse_run_step_timestamp_seconds",
+        "Producers' wall-clock end of the run's latest step (Unix time).",
+    ),
+    ("rlpulse_run_ranks", "Producers whose data is in the run's latest step."),
+    ("rlpulse_run_step_partial", "1 when the run's latest step was emitted without every rank."),
+)
+
+
+def run_families_of(runs: Mapping[str, tuple], taken: dict[str, str]) -> Iterator[Metric]:
+    """Each run's latest step, its time, ranks and partial flag (``runs``: run -> (step,
+    time, ranks, partial, ...)), one gauge family each; their names go into ``taken``."""
+    for index, (pname, help_) in enumerate(_RUN_FAMILIES):
+        family = GaugeMetricFamily(pname, help_, labels=["run"])
+        for run, state in sorted(runs.items()):
+            family.add_metric([run], float(state[index]))
+        taken[pname] = "rlpulse"
+        yield family
+
+
+class FamiliesCollector:
+    """A ``prometheus_client`` collector whose ``collect()`` asks ``families`` at each scrape
+    (the sink's, kept between scrapes: read only)."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names depend on what producers log; nothing to check at registration

@@ -128,12 +128,13 @@ class TraceSink(Sink):
             if (pid, span.rank) not in state.threads:
                 state.threads.add((pid, span.rank))
                 name = f"rank {span.rank} @ {span.host}"
-                for meta, args in (
+                for meta, meta_args in (
                     ("thread_name", {"name": name}),
                     ("thread_sort_index", {"sort_index": span.rank}),
                 ):
                     self._event(
-                        state, {"ph": "M", "pid": pid, "tid": span.rank, "name": meta, "args": args}
+                        state,
+                        {"ph": "M", "pid": pid, "tid": span.rank, "name": meta, "args": meta_args},
                     )
             args: dict[str, Any] = {"step": record.step, "phase": f"{span.cluster}/{span.phase}"}
             if span.execute is not None:

@@ -1,6 +1,6 @@
 """Write the Grafana dashboards in ``dashboards/`` from the metric catalog.
 
-Every query names its metric through :func:`rlpulse.collector.promnames.prom_metric` and a catalog
+Every query names its metric through :func:`rlpulse.collector.output.promnames.prom_metric` and a catalog
 constant, so a renamed metric changes the dashboards the next time this runs; the committed
 JSON must equal what this writes (tests/deploy/test_grafana.py), and every query is checked
 against a live collector's ``/metrics`` (tests/deploy/test_exported_names.py).
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlpulse.collector.promnames import PREFIX, prom_metric
+from rlpulse.collector.output.promnames import PREFIX, prom_metric
 from rlpulse.schemas import engine as E, metrics as M
 from rlpulse.schemas.catalog import Entry, Template
 from rlpulse.schemas.reductions import Stat

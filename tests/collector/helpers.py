@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import CATALOG, Summary, protocol as P
 from rlpulse.schemas.record import StepRecord
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from tests.collector.helpers import Harness, hello, metrics, table
 
@@ -204,7 +204,7 @@ def test_derived_names_logged_by_a_producer_are_dropped() -> None:
 def test_data_from_an_unregistered_producer_is_counted_not_merged() -> None:
     h = Harness()
     h.send(metrics(1, 0, {LOSS: 4.0}))
-    assert h.agg.health.unknown_producer == 1 and not h.agg.steps
+    assert h.agg.health.unknown_producer == 1 and not h.agg.runs
 
 
 def test_restarted_worker_takes_over_its_slot() -> None:

@@ -8,8 +8,8 @@ import array
 import numpy as np
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.messages import TableDecl
 from rlpulse.schemas.record import StepRecord

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlpulse.collector.delivery import Delivery
+from rlpulse.collector.intake.delivery import Delivery
 from rlpulse.schemas import protocol as P
 from tests.collector.helpers import hello, metrics
 

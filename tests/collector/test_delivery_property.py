@@ -24,7 +24,7 @@ import random
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rlpulse.collector.delivery import Delivery
+from rlpulse.collector.intake.delivery import Delivery
 from rlpulse.producer.outbox import HELLO_RETRY_S, Outbox
 from rlpulse.schemas import protocol as P
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from rlpulse.collector.derived import Throughput, histogram_quantiles
+from rlpulse.collector.output.derived import Throughput, histogram_quantiles
 from rlpulse.schemas import metrics as M, serving as S
 from rlpulse.schemas.histogram import BOUNDS, bucket_counts, quantile
 from rlpulse.schemas.reductions import Stat

@@ -7,9 +7,15 @@ import io
 import json
 from typing import Any
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.discovery import SD_PATH, Discovery, ScrapeTarget, sd_groups, with_discovery
+from rlpulse.collector.output.discovery import (
+    SD_PATH,
+    Discovery,
+    ScrapeTarget,
+    sd_groups,
+    with_discovery,
+)
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord
 from tests.collector import helpers
@@ -161,4 +167,4 @@ def test_data_from_an_endpoint_only_producer_is_dropped_and_counted() -> None:
     agg.handle(metrics(10, 0, {"time/rollout": 2.0}), 0.0)
     agg.flush()
     assert out == [] and agg.health.malformed["bad_field"] == 1
-    assert "r" not in agg.steps  # no run was opened for it
+    assert "r" not in agg.runs  # no run was opened for it

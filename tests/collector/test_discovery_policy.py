@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.discovery import Discovery, ScrapeTarget, TargetPolicy
 from rlpulse.collector.health import Health
+from rlpulse.collector.output.discovery import Discovery, ScrapeTarget, TargetPolicy
 from rlpulse.schemas.errors import ConfigError
 
 

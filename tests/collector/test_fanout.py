@@ -6,7 +6,7 @@ import threading
 import time
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.fanout import FanOut, SinkWorker
+from rlpulse.collector.output.fanout import FanOut, SinkWorker
 from rlpulse.schemas.record import StepRecord
 
 
@@ -118,7 +118,7 @@ def test_close_drains_queued_steps_first() -> None:
 
 
 def test_backlog_with_the_outbox_is_what_the_sink_has_not_written(tmp_path) -> None:
-    from rlpulse.collector.durable import DurableState
+    from rlpulse.collector.durability.durable import DurableState
 
     config = CollectorConfig(sink_close_s=5)
     durable = DurableState(tmp_path / "state", config)

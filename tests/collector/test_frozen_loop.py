@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.daemon import BATCH, LOOP_GAP_S, Collector
+from rlpulse.collector.daemon import BATCH, Collector
+from rlpulse.collector.loopclock import LOOP_GAP_S
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.schemas.record import StepRecord

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.delivery import Delivery
+from rlpulse.collector.intake.delivery import Delivery
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import SchemaError, protocol as P, protocol_v1 as V1
 from rlpulse.schemas.messages import TableDecl
 from rlpulse.schemas.values import invalid_rows

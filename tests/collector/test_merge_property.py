@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rlpulse.collector.relay import HEARTBEAT_S
+from rlpulse.collector.tiers.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
 from tests.collector.helpers import TIMING, Harness, hello, metrics, table

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlpulse.collector.relay import HEARTBEAT_S
+from rlpulse.collector.tiers.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from tests.collector.helpers import TIMING, hello, metrics
 from tests.collector.tiers import Tiers

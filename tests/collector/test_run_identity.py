@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlpulse.collector.delivery import Delivery
+from rlpulse.collector.intake.delivery import Delivery
 from rlpulse.schemas import Summary, protocol as P
 from rlpulse.schemas.metrics import CATALOG
 from tests.collector.helpers import Harness, hello, metrics, table

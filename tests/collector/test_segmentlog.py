@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlpulse.collector.segmentlog import Position, SegmentLog
+from rlpulse.collector.durability.segmentlog import Position, SegmentLog
 
 DEFAULTS = {"segment_bytes": 64 << 20, "fsync": False}
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.schemas import metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import Span

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.durable import DurableState, OutboxReader, StateError
-from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark
+from rlpulse.collector.durability.durable import DurableState
+from rlpulse.collector.durability.outbox import OutboxReader
+from rlpulse.collector.durability.segmentlog import Position, SegmentLog, inspect, read_mark
+from rlpulse.collector.durability.statefiles import StateError
+from rlpulse.collector.durability.statelock import StateDirInUse
 from rlpulse.collector.sinks.jsonl import JsonlSink
-from rlpulse.collector.statelock import StateDirInUse
 from rlpulse.schemas import protocol
 from rlpulse.schemas.record import StepRecord
 from tests.support.segments import segment_records

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.upstream import UpstreamSink
+from rlpulse.collector.tiers.upstream import UpstreamSink
 from rlpulse.schemas import protocol
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.relay import Relay as RelayOutput, RelayRecord
+from rlpulse.collector.runs.aggregator import Aggregator
+from rlpulse.collector.tiers.relay import Relay as RelayOutput, RelayRecord
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.messages import Member, TableDecl
 from rlpulse.schemas.record import StepRecord

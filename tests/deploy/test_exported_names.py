@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.collector.launch import start_collector
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.collector.sinks.promexport import REPLACED
 from rlpulse.producer import Fraction, Producer, Weighted
 from rlpulse.schemas import metrics as M

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.discovery import SD_PATH
+from rlpulse.collector.output.discovery import SD_PATH
 from tests.deploy.conftest import DEPLOY, ROOT
 
 K8S = DEPLOY / "k8s"

@@ -14,7 +14,7 @@ import pytest
 
 from rlpulse.collector.health import PRODUCER_ERRORS, PRODUCER_INVALID
 from rlpulse.collector.launch import start_collector
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.producer import Producer
 from rlpulse.producer.buffers import Buffers
 from rlpulse.schemas import metrics as M

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from tests.collector.sinks.conftest import jsonl_view, make_records

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from rlpulse.collector.delivery import MAX_HELD_BYTES
+from rlpulse.collector.intake.delivery import MAX_HELD_BYTES
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.schemas import protocol, protocol_v1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.collector.segmentlog import HEADER
+from rlpulse.collector.durability.segmentlog import HEADER
 from rlpulse.producer import Producer
 from rlpulse.producer.config import ProducerConfig
 from tests.integration.collectors import Daemon, Refused, Setup

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.schemas import CATALOG, Reduction, engine, metrics as M
 from rlpulse.schemas.histogram import (
     BOUNDS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from rlpulse.collector.delivery import Delivery
+from rlpulse.collector.intake.delivery import Delivery
 from rlpulse.schemas import protocol, protocol_v1
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import DEFAULT_LIMITS, Member

@@ -1,11 +1,11 @@
-"""Reading the collector's segment files (``rlpulse.collector.segmentlog``) record by record,
+"""Reading the collector's segment files (``rlpulse.collector.durability.segmentlog``) record by record,
 to damage one where a test means to."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlpulse.collector.segmentlog import HEADER
+from rlpulse.collector.durability.segmentlog import HEADER
 
 
 def segment_records(path: Path) -> list[tuple[int, int]]:

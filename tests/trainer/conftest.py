@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlpulse.collector.aggregator import Aggregator
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.producer.reduce import reduce_value
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import StepRecord

@@ -5,7 +5,7 @@ Each rank runs the trainer's loss functions (:mod:`rlpulse.trainer.ppo`) on its 
 (:func:`rlpulse.trainer.batch.shard_indices`) with the global scale of each mini-batch, as the trainers
 do after their all-reduce; :mod:`rlpulse.trainer.emit` turns the stats into producer values, which are
 reduced as a producer reduces them (:func:`rlpulse.producer.reduce.reduce_value`) and merged by the
-collector's own :class:`~rlpulse.collector.aggregator.Aggregator`. The expected values are computed in
+collector's own :class:`~rlpulse.collector.runs.aggregator.Aggregator`. The expected values are computed in
 numpy over the whole batch, written from verl's formulation (``compute_policy_loss_vanilla``,
 ``agg_loss``, ``kl_penalty``) and ROLL's (``agg_loss``, ``compute_approx_kl``, the critic's
 ``loss_func``), independently of :mod:`rlpulse.trainer.ppo`.

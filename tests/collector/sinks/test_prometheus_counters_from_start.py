@@ -5,7 +5,7 @@ so that increase() and the malformed-messages alert see the first burst."""
 from __future__ import annotations
 
 from rlpulse.collector.health import Health
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.schemas import metrics as M

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from rlpulse.collector.discovery import ScrapeTarget
-from rlpulse.collector.promnames import prom_metric
+from rlpulse.collector.output.discovery import ScrapeTarget
+from rlpulse.collector.output.promnames import prom_metric
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.collector.sinks.promexport import REPLACED

@@ -1,4 +1,4 @@
-"""Prometheus names for every catalog metric (collector/promnames.py)."""
+"""Prometheus names for every catalog metric (collector/output/promnames.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rlpulse.collector.promnames import prom_metric, sanitize
+from rlpulse.collector.output.promnames import prom_metric, sanitize
 from rlpulse.schemas.metrics import CATALOG
 
 VALID = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")

@@ -20,133 +20,16 @@ registers an endpoint (``logs`` false) is kept apart, in ``endpoints``: it is no
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
-from rlpulse.collector.discovery import ScrapeTarget
 from rlpulse.collector.health import Health
+from rlpulse.collector.output.discovery import ScrapeTarget
 from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.schemas import protocol
-from rlpulse.schemas.messages import MAX_STEP, Table, TableDecl
+from rlpulse.schemas.messages import TableDecl
 
 log = logging.getLogger("rlpulse.collector")
-FINISHED = MAX_STEP + 1
-"""Watermark of a producer that said goodbye: it has finished every step (beyond any step)."""
-
-Slot = tuple[str, int]
-
-
-@dataclass
-class ProducerInfo:
-    """A registered producer (one worker process of one role)."""
-
-    pid: int
-    run: str
-    role: str
-    rank: int
-    world_size: int
-    host: str
-    last_seen: float
-    watermark: int = -1
-    """Highest step this producer has finished."""
-    stats: Mapping[str, int] = field(default_factory=dict)
-    tables: dict[int, Table] = field(default_factory=dict)
-    """The name tables its (version-2) entries refer to by number."""
-    via: int | None = None
-    """The relay this producer reached us through (its liveness is the relay's)."""
-    presumed_gone: bool = False
-    """Its relay presumes it gone (a relay's own liveness verdict)."""
-    metrics_url: str = ""
-    """The Prometheus endpoint it registered ("" for none)."""
-    logs: bool = True
-    """False: it registered ``metrics_url`` only and is no rank of its run."""
-    resume: bool = False
-    """Its hello said it resumes its run (``Hello.resume``); a relay forwards that."""
-    asked_run: str = ""
-    """The run name its hello gave, when it is recorded under another (a new attempt)."""
-    late: int = 0
-    """Its entries left out because their step had been emitted (told back in acks)."""
-    conflict: int = 0
-    """Its entries refused because another process holds its slot (told back in acks)."""
-    names_dropped: int = 0
-    """Values of its entries left out: names beyond its run's ``max_names_per_run``, or
-    computed by the collector (told back in acks; not saved: counted again after a
-    restart from what is replayed)."""
-    replaced: int | None = None
-    """The producer whose slot it took when it registered (withdrawn by the aggregator)."""
-    resumes_after: int | None = None
-    """It took its slot from another process, which had finished every step up to this
-    one; None once its own first step is known (``Aggregator._resume``), or if it took no
-    slot from anyone."""
-    aliases: dict[str, str] = field(default_factory=dict)
-    """A relay's runs as the relay names them -> as this collector records them."""
-
-    def declare(self, decls: Iterable[TableDecl]) -> None:
-        """Take the tables of a hello (validated by the decoder)."""
-        for decl in decls:
-            known = self.tables.get(decl.id)
-            if known is None or known.names != tuple(decl.names) or known.kinds != decl.kinds:
-                self.tables[decl.id] = Table.shared(tuple(decl.names), decl.kinds)
-
-    @property
-    def slot(self) -> Slot:
-        return (self.role, self.rank)
-
-    @property
-    def finished(self) -> bool:
-        return self.watermark >= FINISHED
-
-
-class Members:
-    """One run's topology: roles and their world sizes, which producer holds each (role,
-    rank) slot, and the bit that marks each role in a merged row (``StepState.roles``)."""
-
-    def __init__(self, first_seen: float, *, local_only: bool = False) -> None:
-        self.first_seen = first_seen
-        self.roles: dict[str, int] = {}
-        self.role_bits: dict[str, int] = {}
-        self.slots: dict[Slot, int] = {}
-        self.declared = False
-        """A producer sent the whole topology: no need to wait for late registrations."""
-        self.expected_roles: dict[str, int] = {}
-        """That topology, as declared."""
-        self.local_only = local_only
-        """A relay's view: wait for the ranks registered here, not for the whole topology."""
-        self._expected: set[Slot] | None = None
-
-    def expected(self) -> set[Slot]:
-        """Every (role, rank) the run waits for; cached until a registration changes roles."""
-        if self._expected is None:
-            if self.local_only:
-                self._expected = {s for s in self.slots if s[1] < self.roles[s[0]]}
-            else:
-                self._expected = {
-                    (role, rank) for role, ws in self.roles.items() for rank in range(ws)
-                }
-        return self._expected
-
-    def add_role(self, role: str, size: int) -> int:
-        """Register a role (the first registration's size wins); return the size kept."""
-        kept = self.roles.setdefault(role, size)
-        self.role_bits.setdefault(role, len(self.role_bits))
-        self._expected = None
-        return kept
-
-    def settling(self, now: float, settle_s: float) -> bool:
-        """A new run whose other roles may still be starting up."""
-        return not self.declared and now - self.first_seen < settle_s
-
-    def bits_of(self, owners: str) -> int:
-        """The role bits of ``a+b`` role names (a relay's attribution of a row)."""
-        bits = 0
-        for role in owners.split("+") if owners else ():
-            bits |= 1 << self.role_bits.setdefault(role, len(self.role_bits))
-        return bits
-
-    def role_names(self, bits: int) -> str:
-        """The roles whose bits are set in ``bits``, joined by ``+``."""
-        by_bit = {bit: role for role, bit in self.role_bits.items()}
-        return "+".join(by_bit[b] for b in sorted(by_bit) if bits >> b & 1)
 
 
 class Membership:
@@ -410,8 +293,8 @@ class Membership:
         otherwise), its values of names left out; to a relay, its members' late entries."""
         prod = self.producers.get(pid)
         if prod is None:
-            late = self.relay_late.get(pid)
-            return 0, 0, "", 0, list(late.items()) if late else []
+            told = self.relay_late.get(pid)
+            return 0, 0, "", 0, list(told.items()) if told else []
         late = prod.late + self.upstream_late.get(pid, 0)
         run = prod.run if prod.asked_run else ""
         return late, prod.conflict, run, prod.names_dropped, []
@@ -462,21 +345,7 @@ class Membership:
 
     def snapshot(self) -> dict:
         return {
-            "producers": {
-                str(p.pid): [
-                    p.run,
-                    p.role,
-                    p.rank,
-                    p.world_size,
-                    p.host,
-                    p.watermark,
-                    p.late,
-                    p.conflict,
-                    p.asked_run,
-                    p.resumes_after,
-                ]
-                for p in self.producers.values()
-            },
+            "producers": {str(p.pid): p.saved() for p in self.producers.values()},
             "current": dict(self.current),
             "aliases": {str(r.pid): r.aliases for r in self.relays.values() if r.aliases},
             "tables": {
@@ -490,26 +359,12 @@ class Membership:
                 for p in self.producers.values()
                 if p.via is not None
             },
-            "runs": {
-                name: {
-                    "roles": run.roles,
-                    "role_bits": run.role_bits,
-                    "slots": [[role, rank, pid] for (role, rank), pid in run.slots.items()],
-                    "declared": run.declared,
-                    "expected_roles": run.expected_roles,
-                }
-                for name, run in self.runs.items()
-            },
+            "runs": {name: run.saved() for name, run in self.runs.items()},
         }
 
     def restore(self, snapshot: Mapping, now: float) -> None:
         for pid, saved in snapshot.get("producers", {}).items():
-            run, role, rank, ws, host, watermark = saved[:6]
-            prod = self.producers[int(pid)] = ProducerInfo(
-                int(pid), run, role, rank, ws, host, now, watermark
-            )
-            if len(saved) > 6:  # saved by a release that reports feedback to producers
-                prod.late, prod.conflict, prod.asked_run = saved[6:9]
+            prod = self.producers[int(pid)] = ProducerInfo.from_saved(int(pid), saved, now)
             if len(saved) > 9:  # saved by a release that tells skipped steps apart
                 self.resumes(prod, saved[9])
         self.current.update(snapshot.get("current", {}))
@@ -525,12 +380,7 @@ class Membership:
                 TableDecl(i, names, bytes(kinds)) for i, names, kinds in tables
             )
         for name, data in snapshot.get("runs", {}).items():
-            run = self.runs[name] = Members(now, local_only=self.local)
-            run.roles = dict(data["roles"])
-            run.role_bits = dict(data["role_bits"])
-            run.slots = {(role, rank): int(pid) for role, rank, pid in data["slots"]}
-            run.declared = bool(data.get("declared", False))
-            run.expected_roles = dict(data.get("expected_roles", {}))
+            self.runs[name] = Members.from_saved(data, now, local_only=self.local)
         self.health.producers = len(self.producers)
 
     def ensure_run(self, name: str, now: float) -> Members:

@@ -26,12 +26,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.durable import DurableState, OutboxReader
+from rlpulse.collector.durability.durable import DurableState
+from rlpulse.collector.durability.outbox import OutboxReader
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.schemas.record import StepRecord
 
-log = logging.getLogger("rlpulse.collector.fanout")
+log = logging.getLogger("rlpulse.collector.output.fanout")
 _STOP = object()
 BACKOFF_S = 0.1
 """First wait after a failed write; it doubles per attempt (with jitter) up to BACKOFF_MAX_S."""

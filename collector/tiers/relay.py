@@ -33,19 +33,21 @@ import base64
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import numpy as np
 
-from rlpulse.collector.aggregator import Aggregator
-from rlpulse.collector.membership import ProducerInfo, Slot
-from rlpulse.collector.steps import RunSteps, StepState
+from rlpulse.collector.output.records import Emit, RunView
+from rlpulse.collector.runs.members import ProducerInfo, Slot
+from rlpulse.collector.runs.steps import StepState
+from rlpulse.collector.tiers.delta import step_entries
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import Member, Table, TableDecl
-from rlpulse.schemas.sketch import encode as encode_sketch
 
-log = logging.getLogger("rlpulse.collector.relay")
+if TYPE_CHECKING:
+    from rlpulse.collector.runs.aggregator import Aggregator
+
+log = logging.getLogger("rlpulse.collector.tiers.relay")
 FORWARDED_STEPS = 4096
 """Steps per run for which the relay remembers which ranks it forwarded."""
 HEARTBEAT_S = 2.0
@@ -108,7 +110,7 @@ class _Forwarded:
 
 
 class Relay:
-    """A relay's :class:`~rlpulse.collector.aggregator.StepOutput`: an aggregator with this
+    """A relay's :class:`~rlpulse.collector.output.records.StepOutput`: an aggregator with this
     output completes steps over its own ranks and emits :class:`RelayRecord` (announcements,
     deltas, heartbeats) for the upstream sink instead of step records (see the module
     docstring).
@@ -120,7 +122,7 @@ class Relay:
 
     def __init__(self, relay_id: int) -> None:
         self.relay_id = relay_id
-        """The producer id this relay has upstream (``rlpulse.collector.upstream.relay_id``,
+        """The producer id this relay has upstream (``rlpulse.collector.tiers.upstream.relay_id``,
         persisted in ``state_dir``)."""
         self.next_seq = 1
         self.forwarded: dict[str, _Forwarded] = {}
@@ -131,9 +133,9 @@ class Relay:
         """The time of the latest poll."""
         self._last_sent = -HEARTBEAT_S
 
-    def _send(self, agg: Aggregator, record: RelayRecord) -> None:
+    def _send(self, emit: Emit, record: RelayRecord) -> None:
         self._last_sent = self._now
-        agg.emit(record)
+        emit(record)
 
     def _forwarded(self, run: str) -> _Forwarded:
         forwarded = self.forwarded.get(run)
@@ -141,9 +143,7 @@ class Relay:
             forwarded = self.forwarded[run] = _Forwarded()
         return forwarded
 
-    def reopen(
-        self, agg: Aggregator, run: RunSteps, prod: ProducerInfo, step: int
-    ) -> set[Slot] | None:
+    def reopen(self, run: RunView, prod: ProducerInfo, step: int) -> set[Slot] | None:
         """A rank's data for a step below the last one forwarded: a new delta for the step
         (the root adds it, or counts it late), unless its data for the step already went
         (then it is late here). A step this relay never forwarded (none of its ranks had
@@ -158,7 +158,7 @@ class Relay:
             done = set()
         elif prod.slot in done:
             return None
-        return agg.membership.finished_slots(run.name, step) | done
+        return run.finished_slots(step) | done
 
     # ------------------------------------------------------------------ forwarding
 
@@ -171,7 +171,7 @@ class Relay:
         nothing went up for ``HEARTBEAT_S``."""
         self._catch_up_watermarks(agg)
         if now is not None and now - self._last_sent >= HEARTBEAT_S:
-            self._send(agg, RelayRecord("heartbeat"))
+            self._send(agg.emit, RelayRecord("heartbeat"))
 
     def _member(self, agg: Aggregator, prod: ProducerInfo, now: float) -> Member:
         membership = agg.membership
@@ -206,7 +206,7 @@ class Relay:
                 changed.append(member)
         if changed or self._dirty:
             record = RelayRecord("announce", tables=tuple(self._dirty), members=tuple(changed))
-            self._send(agg, record)
+            self._send(agg.emit, record)
             self._dirty = []
 
     def _table(self, table: Table) -> int:
@@ -216,57 +216,28 @@ class Relay:
             self._dirty.append(TableDecl(number, list(table.names), table.kinds))
         return number
 
-    def finish(self, agg: Aggregator, run: RunSteps, state: StepState, missing: set) -> None:
+    def finish(self, run: RunView, state: StepState, missing: set[Slot], emit: Emit) -> bool:
         """Forward the step's merged states, and the watermarks of the ranks it covers."""
-        members = agg.membership.runs[run.name]
+        members = run.members
         forwarded = self._forwarded(run.name)
-        touched = np.flatnonzero(state.touched[: len(run.names)])
-        roles = state.roles[touched].tolist()
-        del run.steps[state.step]
-        run.last_emitted = max(run.last_emitted, state.step)
         covered = state.done - forwarded.slots.get(state.step, set())
         forwarded.add(state.step, covered)
-        entries, sketches = [], []
-        if len(touched):
-            names = tuple(run.names[j] for j in touched.tolist())
-            kinds = bytes(int(run.resolved[j].reduction) for j in touched.tolist())
-            number = self._table(Table.shared(names, kinds))
-            values = np.ascontiguousarray(state.rows[touched], dtype="<f8").tobytes()
-            owners = [members.role_names(b) for b in roles]
-            entries.append(
-                (
-                    state.step,
-                    state.t_first,
-                    state.t_last,
-                    number,
-                    values,
-                    dict(state.nonfinite),
-                    sorted(state.contributors),
-                    owners,
-                )
-            )
-            sketches = [  # the merged quantile sketches of its distribution metrics
-                (0, row, encode_sketch(state.sketches[j]))
-                for row, j in enumerate(touched.tolist())
-                if j in state.sketches
-            ]
+        entries, sketches = step_entries(run, state, self._table)
         marks = []
         for slot in covered:
             pid = members.slots[slot]
             marks.append((pid, state.step))
             forwarded.watermarks[pid] = max(forwarded.watermarks.get(pid, -1), state.step)
-        agg.health.steps_emitted += 1
-        if missing:
-            agg.health.partial_steps += 1
         if self._dirty:  # a new table: announced before the delta that uses it
-            self._send(agg, RelayRecord("announce", tables=tuple(self._dirty)))
+            self._send(emit, RelayRecord("announce", tables=tuple(self._dirty)))
             self._dirty = []
         spans = [(state.step, span) for span in state.spans]
-        self._forward(agg, run.name, state.step, entries, marks, spans, sketches)
+        self._forward(emit, run.name, state.step, entries, marks, spans, sketches)
+        return bool(missing)
 
     def _forward(
         self,
-        agg: Aggregator,
+        emit: Emit,
         run: str,
         step: int,
         entries: list,
@@ -278,14 +249,14 @@ class Relay:
         delta = protocol.Delta(self.relay_id, seq, run, entries, marks, spans or [], sketches or [])
         message = protocol.encode(delta)
         record = RelayRecord("delta", seq=seq, run=run, step=step, message=message)
-        self._send(agg, record)
+        self._send(emit, record)
 
     def _catch_up_watermarks(self, agg: Aggregator) -> None:
         """With nothing of a run left open here, every member's own watermark is safe to
         forward (its data is all upstream): the root then stops waiting for ranks that
         finished, or log nothing, at steps no one here logged."""
         membership = agg.membership
-        for name, run in agg.steps.items():
+        for name, run in agg.runs.items():
             if run.steps:
                 continue
             forwarded = self._forwarded(name)
@@ -297,7 +268,7 @@ class Relay:
                     forwarded.watermarks[prod.pid] = prod.watermark
                     marks.append((prod.pid, prod.watermark))
             if marks:
-                self._forward(agg, name, -1, [], marks)
+                self._forward(agg.emit, name, -1, [], marks)
 
     # ------------------------------------------------------------------ durable state
 

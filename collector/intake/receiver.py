@@ -10,7 +10,7 @@ behind it; a hello's bad tables are counted and left out, its good ones kept.
 
 Memory is bounded where the bytes arrive. ZeroMQ reads a connection ahead of the collector
 into its own queue, so the collector's bound on what it keeps for producers not registered
-yet (``rlpulse.collector.delivery``) came too late: 150 messages of 7.7 MB from producers
+yet (``rlpulse.collector.intake.delivery``) came too late: 150 messages of 7.7 MB from producers
 that never registered took a collector from 48 to 752 MB, kept. Now a message is refused by
 ZeroMQ above the largest a producer sends (``MAXMSGSIZE``); each connection's queue holds at
 most ``RCVHWM`` messages before ZeroMQ stops reading it (the sender waits); a large data

@@ -35,12 +35,12 @@ had acknowledged when its close gave up).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from rlpulse.collector.health import Health
+from rlpulse.collector.intake.acktimes import AckTimes
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.schemas import protocol
 
@@ -121,13 +121,8 @@ class Delivery:
         self.identity: dict[int, bytes] = {}
         self._held: dict[int, list[tuple[Incoming, bytes]]] = {}
         self._held_count = 0
-        self._ack_now: set[int] = set()
-        """Producers owed an acknowledgement at the next :meth:`acks`."""
-        self._ack_later: dict[int, float] = {}
-        """Producers owed one by a time, in the order of those times (one delay after a
-        clock that does not go back), so :meth:`acks` reads only the ones due, not every
-        producer (a pass over all of them each time was O(ranks) per wake-up)."""
-        self._last_due = -math.inf
+        self._owed = AckTimes(clock, ack_delay_s)
+        """Who is owed an acknowledgement at the next :meth:`acks`, and by when."""
         self.rejected: dict[int, int] = {}
         """Per producer, entries of its messages that were rejected (told in its acks)."""
         self._ratelog = RateLimitedLog(log)
@@ -146,8 +141,8 @@ class Delivery:
         pid = msg.producer
         if isinstance(msg, HELLOS):
             self.identity[pid] = identity
-            self._owe_now(pid)
-            out = [(msg, raw)]
+            self._owed.now(pid)
+            out: list[tuple[protocol.Message, bytes]] = [(msg, raw)]
             if pid not in self.last_seq:
                 self.last_seq[pid] = msg.seq - 1
                 held = self._held.pop(pid, [])
@@ -166,7 +161,7 @@ class Delivery:
             return self._sequenced(msg, raw, admit)
         if type(msg) is protocol.Heartbeat:
             if msg.flush:
-                self._owe_now(pid)
+                self._owed.now(pid)
             # It sent more than ever reached us: lost on the way. Asked for an ack (its
             # acknowledgements stall), more than we applied: what we dropped, or our ask, lost.
             have = self.last_seq[pid] if msg.flush else self._received.get(pid, 0)
@@ -184,20 +179,6 @@ class Delivery:
         self._asked[pid] = (last, now)
         self._asking.add(pid)
 
-    def _owe_now(self, pid: int) -> None:
-        """Producer ``pid`` is owed an acknowledgement at once."""
-        self._ack_now.add(pid)
-        self._ack_later.pop(pid, None)
-
-    def _owe_later(self, pid: int) -> None:
-        """Producer ``pid`` is owed an acknowledgement within ``ack_delay_s``, unless one is
-        owed already (as early or earlier)."""
-        if pid in self._ack_later or pid in self._ack_now:
-            return
-        # Never before the last due: the dues stay in order even if the clock went back.
-        due = self._last_due = max(self.clock() + self.ack_delay_s, self._last_due)
-        self._ack_later[pid] = due
-
     def _room(self, nbytes: int) -> bool:
         """Whether one more message of ``nbytes`` fits in what is kept for unregistered and
         held-back producers."""
@@ -208,7 +189,7 @@ class Delivery:
         for a registered producer; for one not registered yet only if :meth:`_hold` would
         keep it. Otherwise it is counted and dropped as there, before it is decoded, so a
         flood of large messages from producers that never register goes as fast as it comes
-        instead of queueing in ZeroMQ (``rlpulse.collector.receiver``)."""
+        instead of queueing in ZeroMQ (``rlpulse.collector.intake.receiver``)."""
         if producer in self.last_seq or self._room(nbytes):
             return True
         self._drop_unknown(producer)
@@ -276,7 +257,7 @@ class Delivery:
             self._received[pid] = msg.seq
         if msg.seq <= last:
             self.health.duplicates += 1
-            self._owe_now(pid)  # a resend: it waits for this
+            self._owed.now(pid)  # a resend: it waits for this
             return []
         if msg.seq > last + 1:
             if pid in self._held_back:  # behind a held-back message: parked with it
@@ -285,7 +266,7 @@ class Delivery:
                 self.health.out_of_order += 1
                 self._ask_resend(pid)
             return []
-        if admit is not None and type(msg) is not protocol.Rejected and not admit(msg):
+        if admit is not None and not isinstance(msg, protocol.Rejected) and not admit(msg):
             if pid not in self._held_back:
                 self._held_back.add(pid)
                 self._tell_hold.add(pid)
@@ -303,10 +284,10 @@ class Delivery:
         pid = msg.producer
         self.last_seq[pid] = msg.seq
         if isinstance(msg, URGENT):
-            self._owe_now(pid)
+            self._owed.now(pid)
         else:
-            self._owe_later(pid)
-        if type(msg) is protocol.Rejected:  # its number is used up; nothing to apply
+            self._owed.later(pid)
+        if isinstance(msg, protocol.Rejected):  # its number is used up; nothing to apply
             self.rejected[pid] = self.rejected.get(pid, 0) + msg.entries
             return []
         return [(msg, raw)]
@@ -341,8 +322,9 @@ class Delivery:
             closing = pid in self._closing
             while (item := parked.get(self.last_seq[pid] + 1)) is not None:
                 msg, raw = item
-                admitted = admit(msg, closing=True) if closing else admit(msg)
-                if type(msg) is not protocol.Rejected and not admitted:
+                if not isinstance(msg, protocol.Rejected) and not (
+                    admit(msg, closing=True) if closing else admit(msg)
+                ):
                     break
                 del parked[msg.seq]
                 self._held_count -= 1
@@ -371,20 +353,7 @@ class Delivery:
                 wake.setdefault(pid, True)
         self._asking.clear()
         hold, self._tell_hold = self._tell_hold - wake.keys(), set()
-        due, later = list(self._ack_now), self._ack_later
-        self._ack_now.clear()
-        if everything:
-            due += later
-            later.clear()
-        else:
-            now, ready = self.clock(), []
-            for pid, t in later.items():  # in time order: stop at the first not due
-                if t > now:
-                    break
-                ready.append(pid)
-            for pid in ready:
-                del later[pid]
-            due += ready
+        due = self._owed.due(everything)
         out = []
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)

@@ -32,7 +32,9 @@ class _Columns:
             host = TIME_PHASE.match(name)
             gpu = None if host else TIME_PHASE_GPU.match(name)
             params = host or gpu
-            part = params["part"] if params else None
+            if params is None:
+                continue
+            part = params["part"]
             if part not in ("total", "execute") or (gpu and part != "total"):
                 continue
             cols = found.setdefault((params["cluster"], params["phase"]), [-1, -1, -1])

@@ -1,4 +1,4 @@
-"""A relay's one sink: the collector above it (see ``rlpulse.collector.relay``).
+"""A relay's one sink: the collector above it (see ``rlpulse.collector.tiers.relay``).
 
 Records go up in order, each acknowledged before the next; the relay's producer id is kept
 in ``state_dir`` so a restarted relay is the same producer to the root, which applies each of
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.relay import HEARTBEAT_S, RelayRecord
 from rlpulse.collector.sinks.base import Sink
+from rlpulse.collector.tiers.relay import HEARTBEAT_S, RelayRecord
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Member, TableDecl
@@ -48,7 +48,7 @@ def relay_id(state_dir: str | None) -> int:
 class UpstreamSink(Sink):
     """Forwards a relay's records to the collector above, in order, each acknowledged before
     the next (a delta per step per run: a round trip each is plenty). It runs on its own
-    sink thread (``rlpulse.collector.fanout``); a failure raises and the fan-out retries, so with
+    sink thread (``rlpulse.collector.output.fanout``); a failure raises and the fan-out retries, so with
     ``state_dir`` nothing is skipped."""
 
     name = "upstream"

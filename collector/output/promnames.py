@@ -33,6 +33,10 @@ from rlpulse.schemas.catalog import Catalog, Template
 from rlpulse.schemas.metrics import CATALOG, STRAGGLER
 
 PREFIX = "rlpulse_"
+NONFINITE = f"{PREFIX}nonfinite_samples_total"
+"""Samples the producers dropped as NaN or infinite, per run and metric (``StepRecord.nonfinite``,
+summed over the run's steps): a counter, labelled ``run``, ``role`` and ``metric`` (the
+Prometheus name of the metric they were logged as, :func:`prom_metric`)."""
 
 # Catalog unit -> (Prometheus base-unit suffix, factor from the catalog's unit to the base unit).
 UNITS: dict[str, tuple[str, float]] = {

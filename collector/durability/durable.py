@@ -32,27 +32,38 @@ and steps lost before a sink wrote them are counted per sink (``rlpulse_sink_los
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlpulse.collector.config import CollectorConfig
-from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.segmentlog import Position, SegmentLog, inspect, read_mark, segment_path
-from rlpulse.collector.statelock import StateLock
+from rlpulse.collector.durability.segmentlog import (
+    Position,
+    SegmentLog,
+    inspect,
+    read_mark,
+    segment_path,
+)
+from rlpulse.collector.durability.statefiles import (
+    StateError,
+    decode_record,
+    encode_record,
+    load_json,
+    move_aside,
+    write_json_atomic,
+)
+from rlpulse.collector.durability.statelock import StateLock
 from rlpulse.schemas import protocol
-from rlpulse.schemas.errors import ConfigError, SchemaError
+from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.record import StepRecord
 
 
 class Recoverable(Protocol):
     """What recovery needs of the aggregator: replay messages, skip emitted steps, and a
-    snapshot of what open steps do not hold (``rlpulse.collector.aggregator.Aggregator``)."""
+    snapshot of what open steps do not hold (``rlpulse.collector.runs.aggregator.Aggregator``)."""
 
     def handle(
         self, msg: protocol.Message, now: float, position: object = None, replay: bool = False
@@ -69,7 +80,7 @@ class Recoverable(Protocol):
 
 class Sequencer(Protocol):
     """What recovery needs of delivery: where each producer's numbering stands
-    (``rlpulse.collector.delivery.Delivery``)."""
+    (``rlpulse.collector.intake.delivery.Delivery``)."""
 
     def note_replayed(self, msg: protocol.Message) -> None: ...
 
@@ -78,78 +89,12 @@ class Sequencer(Protocol):
     def restore(self, snapshot: Mapping[str, int]) -> None: ...
 
 
-class StateError(ConfigError):
-    """``state_dir`` holds damaged state the collector will not start from: the message names
-    the file and what to do (the CLI exits with status 2, as for a bad configuration).
-
-    >>> str(StateError("/s/checkpoint.json is not valid JSON")).startswith("state_dir: /s/")
-    True
-    """
-
-    def __init__(self, problem: str) -> None:
-        super().__init__("state_dir", problem)
-
-
-log = logging.getLogger("rlpulse.collector.durable")
+log = logging.getLogger("rlpulse.collector.durability.durable")
 CHECKPOINT_SHARE = 4
 """A checkpoint is also due once a ``1/CHECKPOINT_SHARE`` of a segment was logged since the
 last one: compaction then follows the log's growth, not only the clock, and the log stays
 under two segments however fast it grows (at 20 MB/s, ``checkpoint_s`` alone let it reach
 three 64 MiB segments)."""
-_ratelog = RateLimitedLog(log)
-
-
-def _move_aside(state_dir: Path) -> str:
-    return (
-        f"to start with empty state, move the state directory aside (mv {state_dir} "
-        f"{state_dir}.damaged): the steps that were open in it are then lost"
-    )
-
-
-def write_json_atomic(path: Path, obj: object, fsync: bool = False) -> None:
-    """Replace ``path`` with ``obj`` as JSON, all or nothing. Raises ``OSError`` (a full disk)
-    with ``path`` unchanged and no temporary file left behind."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        with tmp.open("w") as f:
-            f.write(json.dumps(obj))
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def encode_record(seq: int, record: StepRecord) -> bytes:
-    return record.encode(seq=seq, emitted_at=time.time())
-
-
-def decode_record(payload: bytes) -> tuple[int, float, Any]:
-    """An outbox record: a step for the sinks, or (a relay's) a record for the collector above."""
-    obj = json.loads(payload)
-    if "relay" in obj:
-        from rlpulse.collector.relay import RelayRecord
-
-        return int(obj["seq"]), float(obj["emitted_at"]), RelayRecord.from_json(obj["relay"])
-    return int(obj["seq"]), float(obj["emitted_at"]), StepRecord.from_json(obj["record"])
-
-
-def _load_json(path: Path, what: str, fix: str) -> Any:
-    """The JSON in ``path`` (None if there is no such file); a StateError naming it and the
-    fix when it does not parse."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise StateError(f"cannot read {what} {path} ({exc.strerror}); {fix}") from None
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise StateError(f"{what} {path} is damaged (not valid JSON: {exc}); {fix}") from None
 
 
 class DurableState:
@@ -200,8 +145,8 @@ class DurableState:
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
         path = self.checkpoint_path
-        fix = f"restore it from a backup, or {_move_aside(self.dir)}"
-        checkpoint = _load_json(path, "the checkpoint", fix)
+        fix = f"restore it from a backup, or {move_aside(self.dir)}"
+        checkpoint = load_json(path, "the checkpoint", fix)
         if checkpoint is None:
             return None
         try:
@@ -246,7 +191,7 @@ class DurableState:
         raise StateError(
             f"the write-ahead log {where}{written}: messages producers were told are saved "
             "cannot be read back, and the steps they belong to would be emitted with some "
-            f"rank's data missing; {_move_aside(self.dir)} (producers resend only what was "
+            f"rank's data missing; {move_aside(self.dir)} (producers resend only what was "
             "never acknowledged)"
         )
 
@@ -280,7 +225,7 @@ class DurableState:
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise StateError(
                     f"the checkpoint {self.checkpoint_path} is damaged ({exc!r}); restore it "
-                    f"from a backup, or {_move_aside(self.dir)}"
+                    f"from a backup, or {move_aside(self.dir)}"
                 ) from None
             wal_from = max(wal_from, Position.from_json(checkpoint["wal"]))
             outbox_from = max(outbox_from, Position.from_json(checkpoint["outbox"]))
@@ -407,99 +352,3 @@ class DurableState:
             self.outbox.close()
         finally:
             self._lock.release()
-
-
-class OutboxReader:
-    """One sink's view of the outbox: the next records after its cursor, and the cursor file.
-
-    Counts ``lost``: steps that left the outbox before this sink wrote them (damaged records,
-    seen as a gap in the records' numbers); ``write_errors``: cursor saves that failed (a full
-    disk; the cursor is kept in memory and saved again with the next step or when idle).
-    """
-
-    def __init__(self, state: DurableState, name: str) -> None:
-        self.state = state
-        self.name = name
-        self.path = state.cursor_dir / f"{name}.json"
-        self.position = Position(state.outbox.segments()[0] if state.outbox.segments() else 0, 0)
-        self.last_seq = 0
-        self.steps: dict[str, int] = {}
-        """Per run, the last step handed to this sink (steps of a run go out in order)."""
-        self.lost = 0
-        self.write_errors = 0
-        self.unsaved = False
-        self._seqs: dict[Position, int] = {}
-        fix = (
-            f"delete it to have sink {name!r} write again the steps still kept in "
-            f"{state.outbox.dir} (the jsonl sink skips those its file holds; other sinks may "
-            f"get some twice), or {_move_aside(state.dir)}"
-        )
-        saved = _load_json(self.path, f"the cursor of sink {name!r}", fix)
-        if saved is not None:
-            try:
-                self.position = max(self.position, Position.from_json(saved["position"]))
-                self.last_seq = int(saved.get("seq", 0))
-                self.steps = {str(run): int(step) for run, step in saved.get("steps", {}).items()}
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-                raise StateError(
-                    f"the cursor of sink {name!r} {self.path} is damaged ({exc!r}); {fix}"
-                ) from None
-
-    def available(self) -> bool:
-        return self.position < self.state.outbox.flushed
-
-    def read(self, limit: int = 64) -> list[tuple[Position, float, StepRecord]]:
-        out = []
-        stop = self.state.outbox.flushed
-        for end, payload in self.state.outbox.read_from(self.position, stop):
-            seq, emitted_at, record = decode_record(payload)
-            out.append((end, emitted_at, record))
-            self._seqs[end] = seq
-            if len(out) >= limit:
-                break
-        if not out and self.position < stop:
-            # Nothing readable before ``stop`` (the rest of a segment cut at start-up, or a
-            # corrupt one): move on, so the sink neither spins nor re-reads it.
-            self.position = stop
-        return out
-
-    def done(self, record: Any) -> bool:
-        """``record`` is a step this sink was already given (one rebuilt after damage)."""
-        return isinstance(record, StepRecord) and record.step <= self.steps.get(record.run, -1)
-
-    def commit(self, position: Position, record: Any = None) -> None:
-        """The record ending at ``position`` is written (or skipped); save the cursor."""
-        self.position = position
-        seq = self._seqs.pop(position, None)
-        if seq is not None:
-            if self.last_seq and seq > self.last_seq + 1:
-                gap = seq - self.last_seq - 1
-                self.lost += gap
-                _ratelog.warn(
-                    f"lost:{self.name}",
-                    f"sink {self.name}: {gap} steps were lost from the damaged outbox in "
-                    f"{self.state.outbox.dir} before this sink wrote them (counted in "
-                    "rlpulse_sink_lost_total)",
-                )
-            self.last_seq = seq
-        if isinstance(record, StepRecord):
-            self.steps[record.run] = max(self.steps.get(record.run, -1), record.step)
-        self.save()
-
-    def save(self) -> None:
-        """Write the cursor file; on failure keep it in memory, count it and warn."""
-        try:
-            write_json_atomic(
-                self.path,
-                {"position": self.position.to_json(), "seq": self.last_seq, "steps": self.steps},
-            )
-        except OSError as exc:
-            self.write_errors += 1
-            self.unsaved = True
-            _ratelog.warn(
-                f"cursor:{self.name}",
-                f"cannot save the cursor of sink {self.name} in {self.path} ({exc.strerror}); "
-                "kept in memory and saved again later",
-            )
-            return
-        self.unsaved = False

@@ -1,0 +1,171 @@
+"""What becomes of a finished step: the one seam between merging and what follows.
+
+The Aggregator decides *when* a step of a run is finished (complete, or due partial), merges
+it and takes it out of the run's open steps; its :class:`StepOutput` decides what is made of
+it, reading the run through a :class:`RunView` and sending the result with ``emit``. The
+collector's output is :class:`StepRecords` (a :class:`~rlpulse.schemas.record.StepRecord` for
+the sinks); a relay's is ``rlpulse.collector.tiers.relay.Relay`` (a delta for the collector above):
+one aggregator, two outputs, no subclass.
+
+>>> out = StepRecords(tps_window=10, health=Health())
+>>> out.local
+False
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rlpulse.collector.health import Health
+from rlpulse.collector.output.derived import Throughput
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
+from rlpulse.collector.runs.names import NameTable
+from rlpulse.collector.runs.steps import StepState
+from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.spans import stragglers
+
+if TYPE_CHECKING:
+    from rlpulse.collector.runs.aggregator import Aggregator
+
+log = logging.getLogger("rlpulse.collector")
+Emit = Callable[[Any], None]
+
+
+class RunView(Protocol):
+    """What an output reads of a run (``rlpulse.collector.runs.run.Run``); it changes nothing."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def members(self) -> Members: ...
+
+    @property
+    def names(self) -> NameTable: ...
+
+    def read(self, state: StepState) -> tuple[dict[str, float], dict[str, str]]:
+        """A finished step's metrics, and the role(s) behind each."""
+
+    def distributions(self, state: StepState) -> dict[str, bytes]:
+        """The step's merged sketches by distribution name, in wire form."""
+
+    def finished_slots(self, step: int) -> set[Slot]:
+        """Slots whose producer has already finished ``step``."""
+
+    def overcounted(self, state: StepState) -> set[Slot]:
+        """Roles with more contributing processes than ranks, as slots ``(role, -1)``."""
+
+
+class StepOutput(Protocol):
+    """What becomes of a finished step. Implemented by :class:`StepRecords` (a collector)
+    and ``rlpulse.collector.tiers.relay.Relay`` (a relay)."""
+
+    local: bool
+    """Steps complete over the ranks registered *here*, and run attempts are decided
+    above (a relay); otherwise over the whole declared topology, attempts decided here."""
+
+    def finish(self, run: RunView, state: StepState, missing: set[Slot], emit: Emit) -> bool:
+        """``state`` of ``run`` is finished (merged, no longer open): emit what it makes;
+        ``missing``: slots without data. Return whether it went out partial."""
+
+    def reopen(self, run: RunView, prod: ProducerInfo, step: int) -> set[Slot] | None:
+        """``prod`` sent data for ``step``, already finished: the slots that had finished it,
+        to open it again for the new data; None: the data is late (counted, dropped)."""
+
+    def before(self, agg: Aggregator, now: float) -> None:
+        """Before the due steps are finished, at every poll."""
+
+    def after(self, agg: Aggregator, now: float | None) -> None:
+        """After the due steps were finished: at every poll, and at the final flush (``now``
+        None)."""
+
+    def note_emitted(self, agg: Aggregator, record: Any) -> None:
+        """Recovery: ``record`` (one this output emitted) is in the outbox already."""
+
+    def snapshot(self, agg: Aggregator, out: dict) -> None:
+        """Add this output's state to the aggregator's checkpoint ``out``."""
+
+    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+        """Take this output's state back from a checkpoint."""
+
+
+class StepRecords:
+    """The collector's output: each finished step as a :class:`StepRecord` (metrics read
+    off the merged states, derived throughput, stragglers, partial flags) for the sinks."""
+
+    local = False
+
+    def __init__(self, tps_window: int, health: Health) -> None:
+        self.tps_window = tps_window
+        self.health = health
+        self.totals: dict[str, Throughput] = {}
+        """Per run: the throughput window and cumulative counts (``system/tps``)."""
+        self._ratelog = RateLimitedLog(log)
+
+    def _totals(self, run: str) -> Throughput:
+        totals = self.totals.get(run)
+        if totals is None:
+            totals = self.totals[run] = Throughput(self.tps_window)
+        return totals
+
+    def finish(self, run: RunView, state: StepState, missing: set[Slot], emit: Emit) -> bool:
+        over = run.overcounted(state)
+        if over:
+            self.health.overcounted_steps += 1
+            self._ratelog.warn(
+                f"over:{run.name}",
+                f"run {run.name!r} step {state.step}: roles {sorted(r for r, _ in over)} have "
+                "more contributing processes than their world size; emitted partial",
+            )
+            missing = missing | over
+        metrics, roles = run.read(state)
+        self._totals(run.name).derive(state.t_last, metrics)
+        if state.spans:
+            metrics.update(stragglers(state.spans))
+        record = StepRecord(
+            run=run.name,
+            step=state.step,
+            metrics=metrics,
+            partial=bool(missing),
+            missing=tuple(
+                f"{role}/{rank if rank >= 0 else 'overcounted'}" for role, rank in sorted(missing)
+            ),
+            ranks=len(state.contributors),
+            nonfinite=dict(state.nonfinite),
+            time=state.t_last,
+            roles=roles,
+            spans=tuple(state.spans),
+            distributions=run.distributions(state),
+        )
+        if record.partial:
+            self._ratelog.warn(
+                f"partial:{run.name}",
+                f"run {run.name!r} step {state.step} emitted partial; missing "
+                f"{', '.join(record.missing)}",
+            )
+        emit(record)
+        return record.partial
+
+    def reopen(self, run: RunView, prod: ProducerInfo, step: int) -> set[Slot] | None:
+        return None  # a step record went out: what comes now is late
+
+    def before(self, agg: Aggregator, now: float) -> None:
+        pass
+
+    def after(self, agg: Aggregator, now: float | None) -> None:
+        pass
+
+    def note_emitted(self, agg: Aggregator, record: StepRecord) -> None:
+        """Continue the run's throughput window and cumulative totals from ``record``."""
+        self._totals(record.run).resume(record.time, record.metrics)
+
+    def snapshot(self, agg: Aggregator, out: dict) -> None:
+        for name, data in out["runs"].items():
+            data.update(self._totals(name).snapshot())
+
+    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+        for name, data in snapshot.get("runs", {}).items():
+            self._totals(name).restore(data)

@@ -1,0 +1,400 @@
+"""One run: its members, its name table, its open steps, and the life of its ranks' slots.
+
+The recovery rules read here, in one place:
+
+* **Watermarks.** A rank finishes step ``s`` by logging a later step, by saying so
+  (``done``), or by closing (:meth:`Run.done`); its watermark only grows, and every open step
+  up to it counts the rank's slot finished (:meth:`Run.advance`).
+* **Late data.** Data for a step already emitted is *late*: counted, logged and told back to
+  the producer, never merged, unless the output opens the step again (a relay, whose later
+  ranks are forwarded in another delta: ``StepOutput.reopen``). Replaying the write-ahead log
+  after a restart, such data went out with the step: skipped silently.
+* **Takeover.** A process that registers a slot another one held (a restarted rank) takes
+  it over (:meth:`Run.took_over`). The old process's data stays in the steps it had finished
+  and is *sealed* there: what the new one sends for them is a repeat (late). Its data for the
+  steps it had not finished is *withdrawn*: each such step is rebuilt from the other entries,
+  and the slot must finish it again with data of the new process, or go out partial naming
+  it. Data merged by a relay with other ranks' cannot be taken out: the step is *tainted*
+  and goes out partial. Entries of the replaced process after that are *conflicts*
+  (refused, counted, told back).
+* **Skipped steps.** The steps between the last one the old process finished and the first
+  the new one runs were run by neither: they are missing the slot (:meth:`Run.skip`), also
+  for steps opened later or rebuilt from the log (``skipped`` is in the checkpoint).
+* **Collector recovery** (``state_dir``): the checkpoint gives back members, watermarks and
+  ``last_emitted``; the steps emitted since are noted from the outbox; the log is replayed
+  from the oldest open step's first data, data of a process replaced since counting for the
+  steps it had finished (``sealing``), as at the takeover.
+>>> # run = Run("r", members, membership, names, output, spans, health)  # the Aggregator's
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.health import Health
+from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.runs.completion import HARD_OPEN_FACTOR, due
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
+from rlpulse.collector.runs.membership import Membership
+from rlpulse.collector.runs.names import NameTable
+from rlpulse.collector.runs.sketches import by_table_row
+from rlpulse.collector.runs.spans import SpanReader
+from rlpulse.collector.runs.steps import OpenSteps, StepState
+
+if TYPE_CHECKING:
+    from rlpulse.collector.output.records import StepOutput
+
+log = logging.getLogger("rlpulse.collector")
+
+
+class Run:
+    """One run's state, owned here: the Aggregator routes a run's messages to it.
+
+    Read by a :class:`~rlpulse.collector.output.records.StepOutput` as a ``RunView``."""
+
+    def __init__(
+        self,
+        name: str,
+        members: Members,
+        membership: Membership,
+        names: NameTable,
+        output: StepOutput,
+        spans: SpanReader,
+        health: Health,
+    ) -> None:
+        self.name = name
+        self.members = members
+        self.membership = membership
+        self.names = names
+        self.output = output
+        self.spans = spans
+        self.health = health
+        self.merger = OpenSteps(names, health)
+        self.steps: dict[int, StepState] = self.merger.by_step  # the open steps, by step
+        self.last_emitted = -1
+        self.skipped: dict[Slot, tuple[int, int]] = {}
+        """Per slot, the steps strictly between two bounds that neither its replaced process
+        nor its new one ran (:meth:`skip`)."""
+        self._ratelog = RateLimitedLog(log)
+
+    # ------------------------------------------------------------------ data
+
+    def sealing(self, prod: ProducerInfo, replay: bool) -> bool | None:
+        """How ``prod``'s data is taken: False as usual; True (recovery only) sealed, for a
+        process replaced since (its finished steps keep it); None refused (a conflict)."""
+        if self.membership.holds_slot(prod):
+            return False
+        if replay and self.membership.replaced(prod):
+            return True
+        return None
+
+    def add(
+        self,
+        prod: ProducerInfo,
+        entries: list,
+        sketches: list,
+        done: int,
+        now: float,
+        position: object,
+        replay: bool,
+        sealing: bool,
+    ) -> None:
+        """A producer's entries (a ``Metrics`` message), then its cumulative ``done``."""
+        bit = self.members.role_bits[prod.role]
+        if sketches:
+            by_row = by_table_row(sketches, len(entries))
+            for entry, sketch in zip(entries, by_row, strict=True):
+                self._entry(prod, bit, entry, now, position, replay, sketch, sealing)
+        else:
+            for entry in entries:
+                self._entry(prod, bit, entry, now, position, replay, None, sealing)
+        if sealing:
+            return
+        if prod.resumes_after is not None and done >= 0:
+            self.resume(prod, done)
+        self._finished(prod, done, now)
+
+    def done(self, prod: ProducerInfo, watermark: int, now: float) -> None:
+        """``prod`` says it has finished every step up to ``watermark`` (``FINISHED``: bye)."""
+        if prod.resumes_after is not None:
+            self.resume(prod, watermark)
+        self.advance(prod, watermark, now)
+
+    def _entry(
+        self,
+        prod: ProducerInfo,
+        role_bit: int,
+        entry: tuple,
+        now: float,
+        position: object,
+        replay: bool,
+        sketches: dict[int, bytes] | None,
+        sealing: bool,
+    ) -> None:
+        """One entry of ``prod``'s. ``sealing``: see the module docstring (recovery)."""
+        step, t, table, values, nonfinite = entry
+        if sealing and step > prod.watermark:
+            return  # its data for later steps had been withdrawn
+        if not replay:
+            self.health.events_received += 1
+        if prod.resumes_after is not None:
+            self.resume(prod, step)
+        if type(table) is int:  # version 2: a table of the producer's hello
+            found = prod.tables.get(table)
+            if found is None:
+                self.health.reject("bad_table")
+                self._ratelog.warn(
+                    f"table:{prod.pid}",
+                    f"{prod.role}/{prod.rank} refers to name table {table}, which its hello did "
+                    "not declare; entry dropped",
+                )
+                return
+            table = found
+        state = self.steps.get(step)
+        if state is None:
+            if step <= self.last_emitted:
+                state = self._after_emission(prod, step, now, position, replay)
+                if state is None:
+                    self.advance(prod, step - 1, now)
+                    return
+            else:
+                state = self.open(step, now, position)
+        elif state.sealed and prod.slot in state.sealed and not sealing:  # a repeat of it
+            if not replay:
+                prod.late += 1
+                self.late(f"{prod.role}/{prod.rank} (restarted)", step)
+            return
+        self.merger.add(state, table, values, role_bit, prod.pid, t, nonfinite, sketches)
+        if self.names.full:  # names left out of this run: tell the producer how many of its
+            prod.names_dropped += self.names.layout(table).dropped
+        spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)
+        if spans:
+            state.spans += spans
+        if sealing:
+            state.sealed.add(prod.slot)
+            state.finish(prod.slot, now)
+        elif step - 1 > prod.watermark:
+            self.advance(prod, step - 1, now)
+
+    def _after_emission(
+        self, prod: ProducerInfo, step: int, now: float, position: object, replay: bool
+    ) -> StepState | None:
+        """Data for a step already emitted: opened again if the output says so; otherwise
+        late, or, replaying the write-ahead log, data that went out with the step."""
+        finished = self.output.reopen(self, prod, step)
+        if finished is not None:
+            return self.open(step, now, position, finished)
+        if not replay:
+            prod.late += 1
+            self.late(f"{prod.role}/{prod.rank}", step)
+        return None
+
+    def open(
+        self, step: int, now: float, position: object, finished: set[Slot] | None = None
+    ) -> StepState:
+        """Open ``step``; ``finished``: the slots that had finished it (default: the slots
+        whose producer's watermark is past it)."""
+        if finished is None:
+            finished = self.finished_slots(step)
+        state = self.merger.open(step, now, finished, position)
+        for slot, (after, first) in self.skipped.items():
+            if after < step < first:
+                state.withdrawn.add(slot)
+        return state
+
+    def open_or_late(self, step: int, now: float, position: object, who: str) -> StepState | None:
+        """The open state of ``step``, opened if need be; None (counted) if it was emitted."""
+        state = self.steps.get(step)
+        if state is not None:
+            return state
+        if step <= self.last_emitted:
+            self.late(who, step)
+            return None
+        return self.open(step, now, position)
+
+    def refuse(self, prod: ProducerInfo, entries: int, replay: bool) -> None:
+        """Entries of a producer that no longer holds its slot (a newer process took it, or
+        its rank is outside the role's world size): refused, counted, told back."""
+        if replay:
+            return
+        prod.conflict += entries
+        self.health.conflict_entries += entries
+        self._ratelog.warn(
+            f"conflict:{prod.pid}",
+            f"run {prod.run!r}: {prod.role}/{prod.rank} (producer {prod.pid:x}, host "
+            f"{prod.host}) sent data but does not hold that slot (another process registered "
+            "it later, or the rank is outside the role's world size); refused",
+        )
+
+    def late(self, who: str, step: int) -> None:
+        """Count and report data for a step of this run that was already emitted."""
+        self.health.late += 1
+        self._ratelog.warn(
+            f"late:{self.name}",
+            f"run {self.name!r}: {who} sent step {step} after it was emitted "
+            f"(latest emitted {self.last_emitted}); not merged",
+        )
+
+    # ------------------------------------------------------------------ slots
+
+    def advance(self, prod: ProducerInfo, watermark: int, now: float) -> None:
+        """Record that ``prod`` has finished every step up to ``watermark``."""
+        if watermark <= prod.watermark:
+            return
+        if self.membership.holds_slot(prod):
+            self._finished(prod, watermark, now)
+        else:
+            prod.watermark = watermark
+
+    def _finished(self, prod: ProducerInfo, watermark: int, now: float) -> None:
+        """:meth:`advance` for a producer known to hold its slot here."""
+        if watermark > prod.watermark:
+            old, prod.watermark = prod.watermark, watermark
+            self.merger.finish_through(prod.slot, old, watermark, now)
+
+    def took_over(self, prod: ProducerInfo) -> None:
+        """``prod`` just took its slot from another process: that process's data comes out
+        of the steps not yet emitted (:meth:`withdraw`)."""
+        old, prod.replaced = prod.replaced, None
+        if old is not None:
+            replaced = self.membership.producers.get(old)
+            finished = replaced.watermark if replaced is not None else -1
+            self.withdraw(old, prod.slot, finished)
+            self.membership.resumes(prod, finished)
+
+    def resume(self, prod: ProducerInfo, first: int, ran: bool = True) -> None:
+        """``prod``, which took its slot from another process, ran ``first`` as its first
+        step: the steps between the last one its predecessor finished and ``first`` were run
+        by neither (:meth:`skip`). ``ran=False``: ``prod`` has finished the steps before
+        ``first`` without showing it ran any (a relay's watermark); they are missing the slot
+        unless it gives them data, and its first step is still to be seen."""
+        after = prod.resumes_after
+        if ran:
+            self.membership.resumes(prod, None)
+        if after is not None and self.membership.holds_slot(prod):
+            self.skip(prod.slot, after, first)
+
+    def withdraw(self, pid: int, slot: Slot, finished: int) -> int:
+        """Producer ``pid``'s slot was taken over by a new process: its data for the open
+        steps up to ``finished`` stays (``sealed``), for later ones it is taken out and the
+        step rebuilt, or, merged by a relay with other ranks', the step is ``tainted``. Return
+        how many steps lost data."""
+        changed = 0
+        self.merger.merge_pending()
+        for state in self.steps.values():
+            if pid not in state.contributors:
+                continue
+            if state.step <= finished:
+                state.sealed.add(slot)
+                continue
+            changed += 1
+            state.done.discard(slot)
+            state.withdrawn.add(slot)
+            state.spans = [sp for sp in state.spans if (sp.role, sp.rank) != slot]
+            if any(pid in i.pids for i in state.inputs):
+                state.tainted.add(slot)
+                continue
+            self.merger.rebuild(state, [i for i in state.inputs if i.pid != pid])
+        self.merger.merge_pending()
+        return changed
+
+    def skip(self, slot: Slot, after: int, first: int) -> None:
+        """Nobody ran ``slot``'s steps strictly between ``after`` and ``first``: whatever
+        ``done`` says, they go out partial naming the slot unless it gives them data."""
+        if first - after <= 1:
+            return
+        for state in self.steps.values():
+            if after < state.step < first:
+                state.withdrawn.add(slot)
+        if first - 1 > self.last_emitted:  # for steps opened later, or rebuilt after a restart
+            self.skipped[slot] = (after, first)
+
+    # ------------------------------------------------------------------ flow control
+
+    def admits(self, prod: ProducerInfo, entries: list, window: int, closing: bool) -> bool:
+        """Whether ``prod``'s entries may be applied now (``Aggregator.admits``)."""
+        steps, last = self.steps, self.last_emitted
+        if len(steps) < window:
+            return True
+        opens = {e[0] for e in entries if e[0] not in steps and e[0] > last}
+        if not opens:
+            return True
+        if closing and len(steps) + len(opens) <= window * HARD_OPEN_FACTOR:
+            return True
+        # It opens a step. Hold it only if this producer is ahead: it has finished the oldest
+        # open step. One that still owes it is what the window waits for: always admitted.
+        return prod.watermark < min(steps)
+
+    def has_room(self, prod: ProducerInfo, window: int) -> bool:
+        """``prod``, held back, may go on (``Aggregator.has_room``)."""
+        if len(self.steps) <= window // 2:
+            return True
+        return prod.watermark < min(self.steps)
+
+    # ------------------------------------------------------------------ emitting
+
+    def due(self, now: float, config: CollectorConfig) -> Iterator[tuple[StepState, set[Slot]]]:
+        """The open steps to emit now, with their missing slots (``completion.due``)."""
+        membership, name = self.membership, self.name
+        return due(
+            self.steps,
+            self.members,
+            now,
+            grace_s=config.grace_s,
+            settle_s=config.settle_s,
+            max_open_steps=config.max_open_steps * HARD_OPEN_FACTOR,
+            gone=lambda slot: membership.gone(name, slot, now),
+        )
+
+    def close(self, state: StepState) -> None:
+        """Take a finished step out of the open ones: it is emitted now."""
+        del self.steps[state.step]
+        self.last_emitted = max(self.last_emitted, state.step)
+        if self.skipped and not self.output.local:  # a relay's steps may open again
+            emitted = self.last_emitted
+            self.skipped = {k: v for k, v in self.skipped.items() if v[1] - 1 > emitted}
+
+    # ------------------------------------------------------------------ read (RunView)
+
+    def read(self, state: StepState) -> tuple[dict[str, float], dict[str, str]]:
+        return self.merger.read(state, self.members)  # its metrics, and the role(s) behind each
+
+    def distributions(self, state: StepState) -> dict[str, bytes]:
+        return self.merger.distributions(state)  # by name, in wire form
+
+    def finished_slots(self, step: int) -> set[Slot]:
+        """Slots whose producer has already finished ``step``."""
+        return self.membership.finished_slots(self.name, step)
+
+    def overcounted(self, state: StepState) -> set[Slot]:
+        """Roles of ``state`` with more contributing processes than their world size (which
+        withdrawal at takeovers prevents for direct producers): as slots to name missing."""
+        members = self.members
+        if len(state.contributors) <= len(members.expected()) and not state.tainted:
+            return set()  # the common case: no more processes than ranks in all
+        per_role: dict[str, int] = {}
+        producers = self.membership.producers
+        for pid in state.contributors:
+            prod = producers.get(pid)
+            if prod is not None:
+                per_role[prod.role] = per_role.get(prod.role, 0) + 1
+        return {
+            (role, -1) for role, count in per_role.items() if count > members.roles.get(role, count)
+        }
+
+    # ------------------------------------------------------------------ durable state
+
+    def snapshot(self, data: dict) -> None:
+        """Add this run's progress to its checkpoint entry (open steps are rebuilt from the
+        write-ahead log)."""
+        data["last_emitted"] = self.last_emitted
+        if self.skipped:  # re-marked on the open steps rebuilt
+            data["skipped"] = [[*slot, *bounds] for slot, bounds in self.skipped.items()]
+
+    def restore(self, data: Mapping) -> None:
+        self.last_emitted = int(data["last_emitted"])
+        for role, rank, after, first in data.get("skipped", []):
+            self.skipped[(role, int(rank))] = (int(after), int(first))
