@@ -11,8 +11,9 @@ and the packages beneath it: ``rlpulse.producer`` (the library in every worker),
 (the demo PPO/GRPO trainer) and ``rlpulse.deploy`` (Prometheus rules, Grafana dashboards,
 compose). The command line is ``rlpulse`` (``rlpulse --help``).
 
-In the repository those packages are the top-level folders ``producer/``, ``collector/``...;
-this folder holds a relative symlink to each, so a checkout imports as the wheel does.
+The packages live here, in ``rlpulse/``, as the wheel holds them, so a static reader (mypy,
+an IDE, an import-graph tool) resolves every ``rlpulse.*`` import in a plain checkout; the
+repository's top-level ``producer/``, ``collector/``... are relative symlinks to them.
 
 The root is lazy (PEP 562): ``import rlpulse.schemas`` or ``import rlpulse.collector`` loads
 no producer code; the names below are imported on first use.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rlpulse.producer.env import default_address
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the checkout's
 from demo_synthetic import ROLES, START_S, STEP_S, worker  # spawned children inherit sys.path
 
 
