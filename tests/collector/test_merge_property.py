@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from rlpulse.collector.tiers.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
@@ -251,8 +251,28 @@ def test_through_relays_each_step_is_once_and_exact_or_flagged(drawn, seed, rela
         t.same_as_reference()
 
 
+# A restarted rank whose old process alone had opened a step (it logged step 1, then a new
+# process took the slot over and ran step 2), and a checkpoint after the takeover: the step
+# lost its only data, and recovery must still emit it partial (found by Hypothesis).
+RESTART_OPENED_ONLY_BY_THE_OLD = (
+    1,
+    3,
+    [
+        Life(
+            pid=100,
+            rank=0,
+            calls=[Call(0, np.array([]), None, 0.01), Call(1, np.array([]), None, 0.01)],
+            done=[0],
+        ),
+        Life(pid=101, rank=0, calls=[Call(2, np.array([]), None, 0.01)], done=[2]),
+    ],
+    {1: {0}},
+)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs(), st.integers(0, 2**32 - 1), st.floats(0, 1), st.floats(0, 1))
+@example(RESTART_OPENED_ONLY_BY_THE_OLD, 1, 1.0, 0.75)
 def test_a_collector_restarted_anywhere_emits_what_it_would_have(
     drawn, seed, checkpoint_at, crash_at
 ) -> None:

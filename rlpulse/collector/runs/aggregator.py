@@ -29,6 +29,7 @@ from rlpulse.collector.health import Health
 from rlpulse.collector.intake.clock import ClockBound
 from rlpulse.collector.output.records import StepOutput, StepRecords
 from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.runs import completion
 from rlpulse.collector.runs.members import FINISHED, ProducerInfo
 from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
@@ -167,14 +168,15 @@ class Aggregator:
         forcing the oldest steps out partial. A ``closing`` producer (its goodbye has come,
         behind the data held back) is admitted up to the hard bound
         (``completion.HARD_OPEN_FACTOR`` times the window), so its ``close()`` need not wait
-        for the others to catch up (``Run.admits``)."""
+        for the others to catch up (``completion.admits``)."""
         if type(msg) is not protocol.Metrics:
             return True
         prod = self.membership.producers.get(msg.producer)
         run = self.runs.get(prod.run) if prod is not None else None
         if prod is None or run is None:
             return True
-        return run.admits(prod, msg.entries, self.config.max_open_steps, closing)
+        window = self.config.max_open_steps
+        return completion.admits(run.steps, run.last_emitted, prod, msg.entries, window, closing)
 
     def has_room(self, pid: int) -> bool:
         """Producer ``pid``, held back, may go on: half its run's ``max_open_steps`` window
@@ -185,7 +187,7 @@ class Aggregator:
         run = self.runs.get(prod.run) if prod is not None else None
         if prod is None or run is None:
             return True
-        return run.has_room(prod, self.config.max_open_steps)
+        return completion.has_room(run.steps, prod, self.config.max_open_steps)
 
     def feedback(self, pid: int) -> tuple[int, int, str, int, list[tuple[int, int]]]:
         """What an acknowledgement tells producer ``pid`` (``Membership.feedback``)."""
@@ -255,8 +257,7 @@ class Aggregator:
         run_name, step = getattr(record, "run", ""), getattr(record, "step", -1)
         if run_name and step >= 0:
             self.membership.ensure_run(run_name, 0.0)
-            run = self.run(run_name)
-            run.last_emitted = max(run.last_emitted, step)
+            self.run(run_name).emitted_through(step)
         self.output.note_emitted(self, record)
 
     def snapshot(self) -> dict:
@@ -276,5 +277,5 @@ class Aggregator:
         for run in self.runs.values():  # the members restored replace any made before
             run.members = self.membership.runs.get(run.name, run.members)
         for name, data in snapshot.get("runs", {}).items():
-            self.run(name).restore(data)
+            self.run(name).restore(data, now)
         self.output.restore(self, snapshot)

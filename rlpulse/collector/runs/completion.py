@@ -5,7 +5,7 @@ naming the missing slots, when ``grace_s`` has passed since the first slot finis
 every missing slot is gone (``Membership.gone``), or, as a last resort, when more than
 ``HARD_OPEN_FACTOR`` times ``max_open_steps`` steps of the run are open (the oldest goes).
 Below that, ``max_open_steps`` is kept by holding back producers that run ahead
-(``Run.admits``), not by emitting steps early. A new run's steps wait ``settle_s`` for roles
+(:func:`admits`, :func:`has_room`), not by emitting steps early. A new run's steps wait ``settle_s`` for roles
 still registering, unless a producer declared the topology. A step whose slot lost its data
 at a takeover (``StepState.withdrawn``, ``tainted``) names that slot missing.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from rlpulse.collector.runs.members import Members, Slot
+from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.collector.runs.steps import StepState
 
 HARD_OPEN_FACTOR = 8
@@ -84,4 +84,51 @@ def lost(state: StepState, members: Members) -> set[Slot]:
         slot
         for slot in state.withdrawn
         if slot in state.done and members.slots.get(slot) not in state.contributors
+    }
+
+
+def admits(
+    steps: Mapping[int, StepState],
+    last_emitted: int,
+    prod: ProducerInfo,
+    entries: list,
+    window: int,
+    closing: bool,
+) -> bool:
+    """Whether ``prod``'s entries may be applied now, given its run's open ``steps``
+    (``Aggregator.admits``): always, unless they open a step beyond the ``window`` and
+    ``prod`` is ahead."""
+    if len(steps) < window:
+        return True
+    opens = {e[0] for e in entries if e[0] not in steps and e[0] > last_emitted}
+    if not opens:
+        return True
+    if closing and len(steps) + len(opens) <= window * HARD_OPEN_FACTOR:
+        return True
+    # It opens a step. Hold it only if this producer is ahead: it has finished the oldest
+    # open step. One that still owes it is what the window waits for: always admitted.
+    return prod.watermark < min(steps)
+
+
+def has_room(steps: Mapping[int, StepState], prod: ProducerInfo, window: int) -> bool:
+    """``prod``, held back, may go on (``Aggregator.has_room``)."""
+    if len(steps) <= window // 2:
+        return True
+    return prod.watermark < min(steps)
+
+
+def overcounted(
+    state: StepState, members: Members, producers: Mapping[int, ProducerInfo]
+) -> set[Slot]:
+    """Roles of ``state`` with more contributing processes than their world size (which
+    withdrawal at takeovers prevents for direct producers): as slots to name missing."""
+    if len(state.contributors) <= len(members.expected()) and not state.tainted:
+        return set()  # the common case: no more processes than ranks in all
+    per_role: dict[str, int] = {}
+    for pid in state.contributors:
+        prod = producers.get(pid)
+        if prod is not None:
+            per_role[prod.role] = per_role.get(prod.role, 0) + 1
+    return {
+        (role, -1) for role, count in per_role.items() if count > members.roles.get(role, count)
     }

@@ -20,10 +20,12 @@ The recovery rules read here, in one place:
 * **Skipped steps.** The steps between the last one the old process finished and the first
   the new one runs were run by neither: they are missing the slot (:meth:`Run.skip`), also
   for steps opened later or rebuilt from the log (``skipped`` is in the checkpoint).
-* **Collector recovery** (``state_dir``): the checkpoint gives back members, watermarks and
-  ``last_emitted``; the steps emitted since are noted from the outbox; the log is replayed
-  from the oldest open step's first data, data of a process replaced since counting for the
-  steps it had finished (``sealing``), as at the takeover.
+* **Collector recovery** (``state_dir``): the checkpoint gives back members, watermarks,
+  ``last_emitted`` and the open steps that lost a slot's data to a takeover (they open again
+  with the slots they lost, even if nothing else in the log opens them); the steps emitted
+  since are noted from the outbox; the log is replayed from the oldest open step's first
+  data, data of a process replaced since counting for the steps it had finished
+  (``sealing``), as at the takeover.
 >>> # run = Run("r", members, membership, names, output, spans, health)  # the Aggregator's
 """
 
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING
 from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.runs.completion import HARD_OPEN_FACTOR, due
+from rlpulse.collector.runs.completion import HARD_OPEN_FACTOR, due, overcounted
 from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
@@ -154,6 +156,8 @@ class Run:
                 return
             table = found
         state = self.steps.get(step)
+        if state is not None and state.position is None:
+            state.position = position  # a step opened from the checkpoint: its first data
         if state is None:
             if step <= self.last_emitted:
                 state = self._after_emission(prod, step, now, position, replay)
@@ -312,28 +316,6 @@ class Run:
         if first - 1 > self.last_emitted:  # for steps opened later, or rebuilt after a restart
             self.skipped[slot] = (after, first)
 
-    # ------------------------------------------------------------------ flow control
-
-    def admits(self, prod: ProducerInfo, entries: list, window: int, closing: bool) -> bool:
-        """Whether ``prod``'s entries may be applied now (``Aggregator.admits``)."""
-        steps, last = self.steps, self.last_emitted
-        if len(steps) < window:
-            return True
-        opens = {e[0] for e in entries if e[0] not in steps and e[0] > last}
-        if not opens:
-            return True
-        if closing and len(steps) + len(opens) <= window * HARD_OPEN_FACTOR:
-            return True
-        # It opens a step. Hold it only if this producer is ahead: it has finished the oldest
-        # open step. One that still owes it is what the window waits for: always admitted.
-        return prod.watermark < min(steps)
-
-    def has_room(self, prod: ProducerInfo, window: int) -> bool:
-        """``prod``, held back, may go on (``Aggregator.has_room``)."""
-        if len(self.steps) <= window // 2:
-            return True
-        return prod.watermark < min(self.steps)
-
     # ------------------------------------------------------------------ emitting
 
     def due(self, now: float, config: CollectorConfig) -> Iterator[tuple[StepState, set[Slot]]]:
@@ -370,31 +352,39 @@ class Run:
         return self.membership.finished_slots(self.name, step)
 
     def overcounted(self, state: StepState) -> set[Slot]:
-        """Roles of ``state`` with more contributing processes than their world size (which
-        withdrawal at takeovers prevents for direct producers): as slots to name missing."""
-        members = self.members
-        if len(state.contributors) <= len(members.expected()) and not state.tainted:
-            return set()  # the common case: no more processes than ranks in all
-        per_role: dict[str, int] = {}
-        producers = self.membership.producers
-        for pid in state.contributors:
-            prod = producers.get(pid)
-            if prod is not None:
-                per_role[prod.role] = per_role.get(prod.role, 0) + 1
-        return {
-            (role, -1) for role, count in per_role.items() if count > members.roles.get(role, count)
-        }
+        return overcounted(state, self.members, self.membership.producers)
 
     # ------------------------------------------------------------------ durable state
 
     def snapshot(self, data: dict) -> None:
         """Add this run's progress to its checkpoint entry (open steps are rebuilt from the
-        write-ahead log)."""
+        write-ahead log, but for what a takeover took out of them: ``withdrawn``)."""
         data["last_emitted"] = self.last_emitted
         if self.skipped:  # re-marked on the open steps rebuilt
             data["skipped"] = [[*slot, *bounds] for slot, bounds in self.skipped.items()]
+        # The replay leaves out what a takeover withdrew: a step only the replaced process had
+        # opened would not open again, where the collector that never stopped emits it partial.
+        lost = [
+            [state.step, sorted(map(list, state.withdrawn)), sorted(map(list, state.tainted))]
+            for state in self.steps.values()
+            if state.withdrawn or state.tainted
+        ]
+        if lost:
+            data["withdrawn"] = lost
 
-    def restore(self, data: Mapping) -> None:
+    def restore(self, data: Mapping, now: float) -> None:
         self.last_emitted = int(data["last_emitted"])
         for role, rank, after, first in data.get("skipped", []):
             self.skipped[(role, int(rank))] = (int(after), int(first))
+        for step, withdrawn, tainted in data.get("withdrawn", []):
+            if int(step) > self.last_emitted and int(step) not in self.steps:
+                state = self.open(int(step), now, None)  # its position: its first data replayed
+                state.withdrawn.update((role, int(rank)) for role, rank in withdrawn)
+                state.tainted.update((role, int(rank)) for role, rank in tainted)
+
+    def emitted_through(self, step: int) -> None:
+        """Recovery: the steps up to ``step`` are in the sinks' outbox already; a step opened
+        from the checkpoint (``withdrawn``) that went out since is not open any more."""
+        self.last_emitted = max(self.last_emitted, step)
+        for gone in [s for s in self.steps if s <= self.last_emitted]:
+            del self.steps[gone]
