@@ -2,7 +2,7 @@
 
 One import namespace. The public API a worker needs::
 
-    from rlpulse import Producer, Masked, Weighted, Fraction, ProducerConfig
+    from rlpulse import Producer, Masked, Weighted, Fraction, Samples, ProducerConfig
     from rlpulse.schemas import metrics as M
 
 and the packages beneath it: ``rlpulse.producer`` (the library in every worker),
@@ -25,7 +25,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlpulse.producer import Fraction, Masked, NullProducer, Producer, Weighted
+    from rlpulse.producer import Fraction, Masked, NullProducer, Producer, Samples, Weighted
     from rlpulse.producer.config import ProducerConfig
 
 # Public name -> the module that owns it.
@@ -35,10 +35,19 @@ _EXPORTS = {
     "NullProducer": "rlpulse.producer",
     "Producer": "rlpulse.producer",
     "ProducerConfig": "rlpulse.producer.config",
+    "Samples": "rlpulse.producer.values",
     "Weighted": "rlpulse.producer.values",
 }
 
-__all__ = ["Fraction", "Masked", "NullProducer", "Producer", "ProducerConfig", "Weighted"]
+__all__ = [
+    "Fraction",
+    "Masked",
+    "NullProducer",
+    "Producer",
+    "ProducerConfig",
+    "Samples",
+    "Weighted",
+]
 
 
 def __getattr__(name: str) -> Any:

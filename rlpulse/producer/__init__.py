@@ -1,6 +1,6 @@
 """rlpulse producer: log metrics from training workers without blocking or raising.
 
->>> from rlpulse.producer import Producer, Masked, Weighted, Fraction
+>>> from rlpulse.producer import Producer, Masked, Weighted, Fraction, Samples
 >>> from rlpulse.producer import NullProducer, load_curve  # metrics off; CurveZMQ keys from files
 >>> from rlpulse.producer import ProducerConfig  # buffers, timings, bounds
 """
@@ -9,7 +9,7 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.env import ADDRESS_VAR
 from rlpulse.producer.null import NullProducer
-from rlpulse.producer.values import Fraction, Masked, Weighted
+from rlpulse.producer.values import Fraction, Masked, Samples, Weighted
 from rlpulse.wire.transport import load_curve
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "NullProducer",
     "Producer",
     "ProducerConfig",
+    "Samples",
     "Weighted",
     "load_curve",
 ]

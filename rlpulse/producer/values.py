@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,3 +44,33 @@ class Fraction:
 
     numerator: Any
     denominator: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """Rows behind the numbers (prompt, response, reward, advantage...), one dict per sample
+    of strings, numbers, booleans or None. The step keeps, over every rank, the ``k`` rows with
+    the largest and the smallest ``key`` and a uniform random ``k`` of all rows
+    (``rlpulse.schemas.samples``); ``k`` defaults to the producer's ``samples_k``.
+
+    ``log()`` costs the caller only the copy of ``rows``'s references made here (so rows the
+    caller appends to later do not change what was logged; the dicts themselves are read on
+    the sender thread, so do not mutate them after logging). Bad rows are dropped there and
+    counted, never raised.
+
+    >>> Samples([{"prompt": "2+2", "response": "4", "reward": 1.0}], key="reward").key
+    'reward'
+    """
+
+    rows: tuple[Any, ...]
+    key: str
+    k: int | None = None
+
+    def __init__(self, rows: Iterable[Any], key: str, k: int | None = None) -> None:
+        try:
+            kept = tuple(rows)
+        except TypeError:  # not iterable: one bad row, dropped and counted on the sender
+            kept = (rows,)
+        object.__setattr__(self, "rows", kept)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "k", k)

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from rlpulse.schemas.samples import SampleState
 from rlpulse.schemas.spans import Span
 
 _JSON = msgspec.json.Encoder()
@@ -50,6 +51,10 @@ class StepRecord:
     """Per distribution metric (``Reduction.DIST``, by its logged name), the step's merged
     quantile sketch in its wire form (``rlpulse.schemas.sketch``), for the sinks that draw
     histograms. Kept by the outbox, left out of the JSON line, as ``spans``."""
+    samples: Mapping[str, SampleState] = field(default_factory=dict)
+    """Per samples name (values logged as ``Samples``), the step's rows merged over every rank:
+    top and bottom ``k`` by the key and a uniform random ``k`` (``rlpulse.schemas.samples``).
+    The JSON line carries them readably under ``samples``; the outbox keeps their wire form."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +67,11 @@ class StepRecord:
             "nonfinite": dict(self.nonfinite),
             "time": self.time,
             "roles": dict(self.roles),
+            **(
+                {"samples": {n: s.record() for n, s in self.samples.items()}}
+                if self.samples
+                else {}
+            ),
         }
 
     def encode(self, **extra: Any) -> bytes:
@@ -74,6 +84,8 @@ class StepRecord:
             obj["spans"] = self.spans
         if self.distributions:
             obj["distributions"] = dict(self.distributions)  # bytes: base64 in JSON
+        if self.samples:  # the readable rows stay; the outbox adds what rebuilds the state
+            obj["samples_wire"] = {n: s.to_wire() for n, s in self.samples.items()}
         return _JSON.encode({**extra, "record": obj})
 
     @classmethod
@@ -90,4 +102,7 @@ class StepRecord:
             roles={str(k): str(v) for k, v in obj.get("roles", {}).items()},
             spans=tuple(msgspec.convert(obj.get("spans", ()), list[Span])),
             distributions=msgspec.convert(obj.get("distributions", {}), dict[str, bytes]),
+            samples={
+                str(n): SampleState.from_wire(w) for n, w in obj.get("samples_wire", {}).items()
+            },
         )

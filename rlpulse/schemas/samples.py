@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import msgpack
+
 from rlpulse.schemas.errors import SchemaError
 
 FieldValue = str | int | float | bool | None
@@ -335,3 +337,18 @@ def cut_text(text: str, limit: int) -> tuple[str, bool]:
     head = data[: max(room, 0)].decode("utf-8", "ignore")
     left = len(data) - len(head.encode())
     return head + CUT_MARK.format(left), True
+
+
+def encode(state: SampleState) -> bytes:
+    """A state as msgpack bytes (its :meth:`SampleState.to_wire` map): what rides beside an
+    entry on the wire, as a distribution's sketch does."""
+    return msgpack.packb(state.to_wire(), use_bin_type=True)
+
+
+def decode(data: bytes) -> SampleState:
+    """The state :func:`encode` wrote; :class:`SchemaError` names what is wrong."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as e:
+        raise SchemaError("bad_values", f"samples are not msgpack ({e})") from None
+    return SampleState.from_wire(raw)
