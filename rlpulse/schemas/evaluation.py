@@ -43,3 +43,11 @@ VAL_REPETITION_RATE = Entry(
     "Share of bigrams in a validation response that repeat an earlier bigram of the same "
     "response, pooled over responses.",
 )
+VAL_SAMPLES = Entry(
+    "val/samples",
+    Reduction.SUM,
+    "rows",
+    "Validation generations behind val/score (prompt, response, score; Samples ranked by "
+    "score): the step record's samples hold the best and worst k and a uniform random k over "
+    "every rank's rows; the value counts the rows logged.",
+)

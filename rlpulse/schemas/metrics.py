@@ -29,6 +29,7 @@ from rlpulse.schemas.evaluation import (  # held-out validation, listed here
     VAL_DISTINCT_1 as VAL_DISTINCT_1,
     VAL_DISTINCT_2 as VAL_DISTINCT_2,
     VAL_REPETITION_RATE as VAL_REPETITION_RATE,
+    VAL_SAMPLES as VAL_SAMPLES,
     VAL_SCORE as VAL_SCORE,
 )
 from rlpulse.schemas.histogram import Histogram
@@ -286,6 +287,15 @@ ROLLOUT_PROB_RATIO = distribution(
     "Trainer's over rollout engine's probability of a sampled response token, "
     "exp(-rollout/logprob_diff), per response token: the importance weight truncated-IS "
     "corrections apply for the rollout/trainer mismatch (1 when they agree).",
+)
+ROLLOUT_SAMPLES = Entry(
+    "rollout/samples",
+    Reduction.SUM,
+    "rows",
+    "Training rollouts behind the step's numbers (Samples ranked by reward: prompt, response, "
+    "reward, advantage, response length, the engine-vs-trainer log-prob mismatch of the "
+    "sample, staleness): the step record's samples hold the top and bottom k and a uniform "
+    "random k over every rank's rows; the value counts the rows logged.",
 )
 ASYNC_STALENESS = distribution(
     "async/staleness",

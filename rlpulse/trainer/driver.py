@@ -39,6 +39,7 @@ from rlpulse.trainer.config import TrainerConfig
 from rlpulse.trainer.diversity import distinct_n, repetition
 from rlpulse.trainer.ppo import AdaptiveKLController
 from rlpulse.trainer.progress import Progress
+from rlpulse.trainer.samples import rollout_rows, validation_rows
 from rlpulse.trainer.task import Problem, Task, is_correct, score
 
 
@@ -223,6 +224,9 @@ class Driver:
                 **emit.batch_data(adv, correct, kl_coef),
                 **emit.staleness(step - gen.policy_version, batch.response_mask),
                 **emit.stage_times(times),
+                **emit.rollout_samples(
+                    rollout_rows([p.prompt for p in problems], gen, batch, step)
+                ),
             },
             step,
         )
@@ -256,8 +260,13 @@ class Driver:
         scores = [score(r, p.answer) for r, p in zip(gen.responses, problems, strict=True)]
         correct = [is_correct(r, p.answer) for r, p in zip(gen.responses, problems, strict=True)]
         distinct = {n: distinct_n(gen.responses, n) for n in (1, 2)}
+        rows = validation_rows([p.prompt for p in problems], gen, scores)
         self.producer.log(
-            emit.validation(scores, correct, distinct, repetition(gen.responses, 2)), step
+            {
+                **emit.validation(scores, correct, distinct, repetition(gen.responses, 2)),
+                **emit.validation_samples(rows),
+            },
+            step,
         )
         mean = sum(scores) / len(scores)
         self.result.val_scores.append((step, mean))

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlpulse.producer import Fraction, Masked, Weighted
+from rlpulse.producer import Fraction, Masked, Samples, Weighted
 from rlpulse.schemas import Stat, metrics as m
-from rlpulse.trainer import ppo
+from rlpulse.trainer import ppo, samples
 from rlpulse.trainer.advantage import AdvantageResult
 from rlpulse.trainer.batch import RolloutBatch
 
@@ -182,3 +182,15 @@ def _weighted(a: ppo.Aggregate) -> Weighted:
     """A rank's term of a global aggregate as the producer value that pools it exactly: its
     own value weighted by its share (see :mod:`rlpulse.trainer.ppo`)."""
     return Weighted(a.value, a.share)
+
+
+def rollout_samples(rows: Sequence[samples.Row]) -> Metrics:
+    """The driver, once per step: the trained batch's generations (``samples.rollout_rows``),
+    ranked by reward; the collector keeps the best, the worst and a random few."""
+    return {m.ROLLOUT_SAMPLES.name: Samples(rows, key=samples.ROLLOUT_KEY)}
+
+
+def validation_samples(rows: Sequence[samples.Row]) -> Metrics:
+    """The driver, at each validation: the held-out generations (``samples.validation_rows``),
+    ranked by score."""
+    return {m.VAL_SAMPLES.name: Samples(rows, key=samples.VALIDATION_KEY)}
