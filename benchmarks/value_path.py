@@ -38,9 +38,12 @@ def _module_of(filename: str) -> str | None:
         rel = path.relative_to(ROOT)
     except ValueError:
         return None
-    if rel.parts[0] not in PACKAGES:
+    parts = rel.with_suffix("").parts
+    if parts[0] == "rlpulse":  # the packages live in rlpulse/ (before 11-27: at the top)
+        parts = parts[1:]
+    if not parts or parts[0] not in PACKAGES:
         return None
-    return ".".join(rel.with_suffix("").parts)
+    return ".".join(parts)
 
 
 def trace_one_value(timeout_s: float = 30.0) -> dict[str, Any]:

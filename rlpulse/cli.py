@@ -28,7 +28,7 @@ PROG = "rlpulse"
 def _collector(argv: list[str]) -> int:
     from rlpulse.collector.__main__ import main
 
-    return main(argv)
+    return main(argv, prog=f"{PROG} collector")
 
 
 def _keygen(argv: list[str]) -> int:
@@ -57,13 +57,13 @@ def _run_tool(name: str) -> Callable[[list[str]], int]:
 def _serve(argv: list[str]) -> int:
     from rlpulse.trainer.serve.__main__ import main
 
-    return main(argv)
+    return main(argv, prog=f"{PROG} serve")
 
 
 def _train(argv: list[str]) -> int:
     from rlpulse.trainer.__main__ import main
 
-    return main(argv)
+    return main(argv, prog=f"{PROG} train")
 
 
 def _deploy(argv: list[str]) -> int:

@@ -104,8 +104,7 @@ def main() -> int:
             "--port 8000\n"
             "    then ask it:                     curl -s -X POST 127.0.0.1:8000/generate "
             """-d '{"prompt": "abc>", "max_new_tokens": 6, "temperature": 0}'\n"""
-            "    (add --collector tcp://HOST:5555 to stream its metrics; see README, "
-            '"Serving the trained policy")'
+            "    (add --collector tcp://HOST:5555 to stream its metrics; see docs/serving.md)"
         )
     return check_producers(scrape)
 

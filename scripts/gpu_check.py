@@ -45,7 +45,7 @@ LIMITS_S = {"tests": 100, "merge": 60, "nvml": 40, "bench": 100, "trainer": 170}
 """Each check's time limit; together within the 8 minutes the check may take (most finish
 far sooner)."""
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
-"""What ``log()`` takes from a GPU (README, "On a GPU")."""
+"""What ``log()`` takes from a GPU (docs/producer.md, "On a GPU")."""
 CATALOG_STEPS = 3
 MERGE_STEPS = 2
 DIST = M.CRITIC_ADVANTAGES.name

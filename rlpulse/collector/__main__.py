@@ -67,12 +67,14 @@ def _config_error(exc: ConfigError) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """``prog``: the command as the user typed it (``rlpulse collector`` from the ``rlpulse``
+    command), for ``--help`` and messages."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", help="YAML config (bind, track_with, tracker_kwargs, ...)")
     parser.add_argument("--bind", help="ZeroMQ endpoint to listen on, overriding the config")

@@ -18,9 +18,10 @@ from rlpulse.producer.env import RESUME_VAR
 from rlpulse.trainer.config import ConfigError, load_config
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m rlpulse.trainer") -> int:
+    """``prog``: the command as the user typed it (``rlpulse train`` from ``rlpulse``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m rlpulse.trainer",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

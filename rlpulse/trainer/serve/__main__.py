@@ -24,10 +24,13 @@ from rlpulse.trainer.serve.config import DEVICES, ServeConfig
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 
 
-def parse_args(argv: list[str] | None) -> ServeConfig:
+PROG = "python -m rlpulse.trainer.serve"
+
+
+def parse_args(argv: list[str] | None, prog: str = PROG) -> ServeConfig:
     """The configuration the command line asks for; ConfigError names a bad field."""
     parser = argparse.ArgumentParser(
-        prog="python -m rlpulse.trainer.serve",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -94,9 +97,9 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
     return ServeConfig(**{k: v for k, v in args.items() if v is not None})
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     try:
-        config = parse_args(argv)
+        config = parse_args(argv, prog)
     except ConfigError as exc:
         print(f"trainer.serve: configuration error: {exc}", file=sys.stderr)
         return 2
