@@ -39,9 +39,12 @@ def samples_metrics(pid: int, seq: int, step: int, rows: list[Row], rank: int, k
     sender sends it (the count row and the state beside it)."""
     keys = iter([r.rkey for r in rows])
     state = reduce_rows(
-        [r.fields for r in rows], "reward", origin=(ROLE, rank), limits=SampleLimits(k=k),
+        [r.fields for r in rows],
+        "reward",
+        origin=(ROLE, rank),
+        limits=SampleLimits(k=k),
         keys=keys.__next__,
-    )  # fmt: skip
+    )
     values = array.array("d", Summary.of_scalar(float(state.rows))).tobytes()
     entry = P.pack_entry(step, 0.0, table([NAME]).id, values, {}, None, {0: encode(state)})
     return P.decode(P.encode_metrics(pid, seq, [entry]))  # type: ignore[return-value]
