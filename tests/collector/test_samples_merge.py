@@ -229,3 +229,10 @@ def test_a_malformed_state_is_rejected_and_counted_the_count_still_merges() -> N
     h.send(P.decode(P.encode_metrics(1, 1, [entry])), P.Done(1, 2, 0))
     assert h.agg.health.malformed["bad_samples"] == 1
     assert h.records[0].metrics[NAME] == 3 and not h.records[0].samples
+
+
+def test_producers_dropped_rows_reach_health() -> None:
+    h = Harness()
+    h.send(hello(1), P.Heartbeat(1, 2, {"samples_dropped": 4, "samples_cut": 9}))
+    h.send(hello(2, rank=1, ws=2), P.Heartbeat(2, 2, {"samples_dropped": 1}))
+    assert h.agg.health.snapshot()["producer_samples_dropped"] == 5
