@@ -261,6 +261,12 @@ PRODUCER_INVALID = SelfMetric(
     "Values producers left out of log() calls as invalid (a bad name, type or mask).",
     key="producer_invalid",
 )
+PRODUCER_SAMPLES_DROPPED = SelfMetric(
+    "rlpulse_collector_producer_samples_dropped_total",
+    "Rows of Samples values producers left out as bad (a key that is not a finite number, a "
+    "value that is not a string, number, boolean or None, too many fields).",
+    key="producer_samples_dropped",
+)
 RELAY_DISK_ERRORS = SelfMetric(
     "rlpulse_collector_relay_disk_errors_total",
     "Failed writes under the state_dir of the relays below this collector, retries included, "
@@ -279,6 +285,7 @@ PRODUCER_COUNTERS = (
     (PRODUCER_DROPPED, _SENDER_DROPS),
     (PRODUCER_ERRORS, ("errors",)),
     (PRODUCER_INVALID, ("invalid",)),
+    (PRODUCER_SAMPLES_DROPPED, ("samples_dropped",)),
     (RELAY_DISK_ERRORS, ("disk_errors",)),
     (RELAYS_UNWRITABLE, ("state_unwritable",)),
 )

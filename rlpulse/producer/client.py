@@ -24,7 +24,7 @@ from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
 from rlpulse.producer.device import DeviceContext
-from rlpulse.producer.encode import INVALID, Encoder
+from rlpulse.producer.encode import INVALID, PASSED, Encoder
 from rlpulse.producer.env import (
     curve_from_env,
     default_address,
@@ -38,6 +38,7 @@ from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.samples import SampleReducer
 from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names
 from rlpulse.producer.stats import Counters, combine
@@ -51,7 +52,6 @@ from rlpulse.schemas.reductions import Reduction
 from rlpulse.wire.transport import CurveKeys, Transport, ZmqTransport
 
 log = logging.getLogger("rlpulse.producer")
-_SIMPLE = frozenset((float, int))
 
 
 class Producer:
@@ -69,11 +69,11 @@ class Producer:
     ``driver=1,actor_train=8``, which verl's setup hook sets). A run name that already ran to its
         end on the collector starts a new attempt there (``name-2``: :attr:`recorded_run`, and a
         warning) unless ``resume`` is true: then the run continues (default: ``RLPULSE_RESUME``,
-        or true in a process torchrun restarted). ``reductions`` declares how names
-        outside the catalog merge (``{"my/peak": "max"}``); the catalog's own declarations cannot
-        be overridden. ``curve`` (or the ``RLPULSE_CURVE_*`` environment variables) turns on
-        CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and bounds
-        (:class:`~rlpulse.producer.config.ProducerConfig`).
+        or true in a process torchrun restarted). ``reductions`` declares how names outside the
+        catalog merge (``{"my/peak": "max"}``); the catalog's own declarations cannot be
+        overridden. ``curve`` (or the ``RLPULSE_CURVE_*`` environment variables) turns on
+        CurveZMQ encryption and authentication. ``config`` holds the buffers, timings and
+        bounds (:class:`~rlpulse.producer.config.ProducerConfig`).
 
         ``metrics_url`` registers a Prometheus ``/metrics`` endpoint this process serves (a vLLM
         server's, say): while the producer is open, the collector lists it for Prometheus' HTTP
@@ -167,6 +167,7 @@ class Producer:
         self._copy_limit = config.snapshot_limit_bytes
         self._buffers = Buffers()
         self._copies = HostCopies(self._dists, self._buffers)
+        samples = SampleReducer((role, rank), config.sample_limits())  # on the sender thread
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
@@ -174,7 +175,7 @@ class Producer:
             wake=self._wake,
             transport=transport
             or ZmqTransport(self.address, sndhwm=config.sndhwm, curve=curve or curve_from_env()),
-            encoder=Encoder(catalog, declared, Counters(), self._warn_once),
+            encoder=Encoder(catalog, declared, samples.counters, self._warn_once, samples=samples),
             stats=self.stats,
             warn_once=self._warn_once,
             nvml=nvml if nvml is not None else NvmlSampler(role),
@@ -199,8 +200,8 @@ class Producer:
         """Queue the metrics of ``step``. Never raises, never blocks, never waits for a GPU.
 
         Values: ``int``/``float`` (one sample), numpy arrays and torch tensors (every element
-        a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`. GPU tensors are
-        snapshotted and reduced later by the sender thread (``rlpulse.producer.device``).
+        a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`, :class:`Samples`
+        (rows, reduced by the sender thread, as GPU tensors are: ``rlpulse.producer.device``).
         """
         caller = self._caller
         caller.enter()  # the sender waits meanwhile (CallerFirst)
@@ -251,7 +252,7 @@ class Producer:
             device = self._device if self._device_known else self._find_device()
             host: list[str] = []
             for name, value in payload.items():
-                if type(value) in _SIMPLE:
+                if type(value) in PASSED:  # numbers, Samples: the sender reads them
                     continue
                 try:
                     if device and device.owns(value):
@@ -376,12 +377,12 @@ class Producer:
         """Counters: calls queued (``logged``), messages sent and resent, messages awaiting
         acknowledgement, calls dropped (caller queue full, unacked buffer full, or never sent
         when close() gave up: ``dropped_send``; those sent but not acknowledged by then, which
-        the collector may hold, are ``unconfirmed``, not dropped; delivered but left out by
-        the collector, which says so in its acknowledgements: ``dropped_late`` for steps it had already emitted,
+        the collector may hold, are ``unconfirmed``, not dropped; delivered but left out by the
+        collector, which says so in its acks: ``dropped_late`` for steps it had emitted,
         ``dropped_conflict`` while another process held this rank, ``dropped_rejected`` in
-        messages it rejected, ``dropped_names`` values of names beyond its run's bound),
-        calls larger than a message (``dropped_oversized``), invalid values and names,
-        non-finite samples left out, errors."""
+        messages it rejected, ``dropped_names`` values of names beyond its run's bound), calls
+        larger than a message (``dropped_oversized``), invalid values and names, non-finite
+        samples left out, errors; ``Samples`` rows dropped as bad and texts cut (rows)."""
         return combine(self._counters, self._sender.counters, unacked=self._sender.unacked)
 
     def _warn_once(self, key: str, message: str) -> None:

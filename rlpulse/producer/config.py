@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, fields
 
 from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.samples import SampleLimits
 
 MIB = 1024 * 1024
 FLUSH_TIMEOUT_S = 5.0
@@ -35,6 +36,10 @@ class ProducerConfig:
       memory and host copies each; past it ``log()`` reduces at once (on the caller's stream
       for GPU values, ``rlpulse.producer.device``; in the caller for host arrays,
       ``rlpulse.producer.reduce``).
+    * ``samples_k``: rows a ``Samples`` value keeps in each of top, bottom and random, unless
+      the value says (``Samples(rows, key, k=...)``); 1..1024.
+    * ``samples_field_bytes``: a text field of a sample row is cut to this many UTF-8 bytes
+      (and says so; at least 16); ``samples_row_fields``: a row with more fields is dropped.
     """
 
     max_pending: int = 10_000
@@ -46,6 +51,9 @@ class ProducerConfig:
     resend_s: float = 2.0
     gpu_sample_s: float = 1.0
     snapshot_limit_bytes: int = 256 * MIB
+    samples_k: int = 8
+    samples_field_bytes: int = 4096
+    samples_row_fields: int = 64
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -60,6 +68,16 @@ class ProducerConfig:
         if self.heartbeat_s <= 0 or self.resend_s <= 0:
             name = "heartbeat_s" if self.heartbeat_s <= 0 else "resend_s"
             raise ConfigError(name, "must be positive", getattr(self, name))
+        if self.samples_k > 1024:
+            raise ConfigError("samples_k", "must be at most 1024", self.samples_k)
+        if self.samples_field_bytes < 16:
+            raise ConfigError(
+                "samples_field_bytes", "must be at least 16", self.samples_field_bytes
+            )
+
+    def sample_limits(self) -> SampleLimits:
+        """What a ``Samples`` value keeps (``rlpulse.schemas.samples``)."""
+        return SampleLimits(self.samples_k, self.samples_field_bytes, self.samples_row_fields)
 
 
 DEFAULT = ProducerConfig()

@@ -2,8 +2,10 @@
 
 A value reaching here is a number (one sample), a :class:`~rlpulse.producer.reduce.Reduced`
 (state, non-finite count and, for a distribution, its sketch), a GPU value whose state is now
-known (``rlpulse.producer.deferred``), or ``INVALID`` (already counted by ``log()``). Non-finite samples are left out and counted per
-name; a ``LAST`` metric takes exactly one sample.
+known (``rlpulse.producer.deferred``), a ``Samples`` value (reduced here, on the sender thread:
+``rlpulse.producer.samples``; its row counts the rows as a ``SUM`` and its state rides beside
+it, as a sketch does), or ``INVALID`` (already counted by ``log()``). Non-finite samples are
+left out and counted per name; a ``LAST`` metric takes exactly one sample.
 
 Names travel once: each distinct list of names an entry carries becomes a numbered table
 (:attr:`Encoder.tables`), declared in the producer's hello, and entries refer to it by number.
@@ -30,11 +32,14 @@ import numpy as np
 
 from rlpulse.producer.names import BAD_NAME, Names
 from rlpulse.producer.reduce import InvalidValue, Reduced
+from rlpulse.producer.samples import SampleReducer
 from rlpulse.producer.stats import Counters
+from rlpulse.producer.values import Samples
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
 from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.samples import SampleLimits, encode as encode_samples
 from rlpulse.schemas.sketch import counts_of, encode as encode_sketch
 from rlpulse.schemas.values import Summary
 
@@ -45,6 +50,10 @@ _NUMBER = (float, int)
 _LAST = int(Reduction.LAST)
 _DIST = int(Reduction.DIST)
 _MEAN = int(Reduction.MEAN)
+_SUM = int(Reduction.SUM)
+PASSED = frozenset((float, int, Samples))
+"""Value types ``log()`` leaves as they are: the sender reads them (numbers, and ``Samples``,
+whose rows it reduces here)."""
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
 
@@ -62,7 +71,10 @@ class Encoder:
         counters: Counters,
         warn_once: Callable[[str, str], None],
         limits: Limits = DEFAULT_LIMITS,
+        samples: SampleReducer | None = None,
     ) -> None:
+        self.samples = samples or SampleReducer(("", 0), SampleLimits(), counters)
+        """Reduces ``Samples`` values (its counters should be ``counters``)."""
         self.names = Names(catalog, declared, warn_once, limits)
         """Each name's reduction code, resolved once per name."""
         self.counters = counters
@@ -93,6 +105,7 @@ class Encoder:
         vals = array.array("d")
         nonfinite: dict[str, int] = {}
         sketches: dict[int, bytes] = {}  # table row -> sketch, of distribution metrics
+        samples: dict[int, bytes] = {}  # table row -> samples state
         dist = False
         c = self.counters
         known = self.names.codes
@@ -106,7 +119,15 @@ class Encoder:
                 continue
             if v is INVALID:
                 continue
-            if type(v) in _NUMBER:
+            sample = None
+            if type(v) is Samples:
+                reduced = self.samples.reduce(v)
+                if reduced is None:
+                    continue
+                sample = encode_samples(reduced)
+                state, nf, sketch = Summary.of_scalar(float(reduced.rows)), 0, None
+                code = _SUM  # the row counts the rows, whatever the name (a user's too)
+            elif type(v) in _NUMBER:
                 try:
                     x = float(v)
                 except OverflowError:  # an int beyond float64
@@ -154,6 +175,8 @@ class Encoder:
                 if sketch is not None:
                     sketches[len(names)] = sketch
                 code = _MEAN
+            elif sample is not None:
+                samples[len(names)] = sample
             vals.extend(state)
             names.append(name)
             kinds.append(code)
@@ -162,11 +185,11 @@ class Encoder:
         table = self._table(names, kinds)
         if table is None:
             return None
-        if len(names) == len(keys) and not dist and len(self._plain) < MAX_TABLES:
+        if len(names) == len(keys) and not dist and not samples and len(self._plain) < MAX_TABLES:
             self._plain[keys] = table
         if _BIG_ENDIAN:
             vals.byteswap()
-        return protocol.pack_entry(step, t, table, vals.tobytes(), nonfinite, sketches)
+        return protocol.pack_entry(step, t, table, vals.tobytes(), nonfinite, sketches, samples)
 
     def _table(self, names: list[str], kinds: bytearray) -> int | None:
         key = tuple(names)

@@ -38,6 +38,8 @@ class Counters:
     dropped_rejected: int
     unconfirmed: int
     dropped_names: int
+    samples_dropped: int
+    samples_cut: int
 
     def __init__(self) -> None:
         for key in _COUNTED:

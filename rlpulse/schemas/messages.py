@@ -41,10 +41,14 @@ STAT_KEYS = (
     "dropped_rejected",
     "unconfirmed",
     "dropped_names",
+    "samples_dropped",
+    "samples_cut",
 )
 """Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``).
 ``unconfirmed`` (not a drop): calls sent but still unacknowledged when ``close()`` gave up,
-which the collector may have merged; ``dropped_send`` counts only calls that never went out."""
+which the collector may have merged; ``dropped_send`` counts only calls that never went out.
+``samples_dropped`` and ``samples_cut`` (rows, not calls): rows of ``Samples`` values left out
+as bad (``rlpulse.schemas.samples.clean_row``), and text fields cut to the byte limit."""
 RELAY_STAT_KEYS = ("disk_errors", "state_unwritable")
 """What a relay's heartbeats add to the counters (``rlpulse.collector.tiers.upstream``): failed writes
 under its ``state_dir``, and 1 while it cannot write there (0 otherwise). The collector above
@@ -86,6 +90,9 @@ WireEntry = tuple[Step, Finite, U63, bytes, dict[str, U63]]
 the same tuple with a :class:`Table` for the number."""
 SketchRef = tuple[U63, U63, bytes]
 """``(entry index, table row, sketch bytes)``: a distribution metric's quantile sketch."""
+SampleRef = tuple[U63, U63, bytes]
+"""``(entry index, table row, state bytes)``: a ``Samples`` value's state
+(``rlpulse.schemas.samples.encode``)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,10 @@ class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
     """``(entry, row, sketch)``: the quantile sketch (``rlpulse.schemas.sketch``) of row
     ``row`` of entry ``entry``'s table, for distribution metrics. Optional and last, so a
     collector that predates it reads the message as before (mean, max and min only)."""
+    samples: list[SampleRef] = []
+    """``(entry, row, state)``: the samples state (``rlpulse.schemas.samples``) of row ``row``
+    of entry ``entry``'s table, whose value counts the rows. Optional and last, as
+    ``sketches``: a collector that predates it reads the row count only."""
 
 
 class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
@@ -325,6 +336,8 @@ class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
     """``(step, span)``: the phases the relay's ranks ran (``rlpulse.schemas.spans``), kept per rank."""
     sketches: list[SketchRef] = []
     """Merged quantile sketches of the entries' distribution metrics, as in :class:`Metrics`."""
+    samples: list[SampleRef] = []
+    """Merged samples states of the entries' ``Samples`` names, as in :class:`Metrics`."""
 
 
 Message = Hello | Metrics | Done | Heartbeat | Bye | Ack | RelayHello | Delta

@@ -122,11 +122,16 @@ def pack_entry(
     values: bytes,
     nonfinite: Mapping[str, int] | None = None,
     sketches: Mapping[int, bytes] | None = None,
+    samples: Mapping[int, bytes] | None = None,
 ) -> tuple:
     """One entry in wire form: ``table`` is the number of a table the hello declared;
     ``values`` is 4 little-endian float64 per name of it; ``nonfinite`` counts by name.
     ``sketches`` (table row -> ``rlpulse.schemas.sketch`` bytes, distribution metrics only)
-    make a sixth element, which :func:`encode_metrics` moves to :attr:`Metrics.sketches`."""
+    make a sixth element, which :func:`encode_metrics` moves to :attr:`Metrics.sketches`;
+    ``samples`` (table row -> ``rlpulse.schemas.samples.encode`` bytes) a seventh, moved to
+    :attr:`Metrics.samples`."""
+    if samples:
+        return (step, t, table, values, dict(nonfinite or {}), dict(sketches or {}), dict(samples))
     if sketches:
         return (step, t, table, values, dict(nonfinite or {}), dict(sketches))
     return (step, t, table, values, dict(nonfinite or {}))
@@ -139,8 +144,8 @@ def packed_bytes(entry: tuple) -> int:
     size = 48 + len(values)
     for name in nonfinite:
         size += 14 + len(name.encode())
-    if len(entry) > 5:
-        size += sum(24 + len(sketch) for sketch in entry[5].values())
+    for side in entry[5:]:  # sketches, then samples states: (entry, row, bytes) each
+        size += sum(24 + len(buf) for buf in side.values())
     return size
 
 
@@ -158,8 +163,11 @@ def encode_metrics(producer: int, seq: int, entries: Sequence[tuple], done: int 
         if len(e) > 5
         for row, sketch in e[5].items()
     ]
+    samples = [
+        (i, row, state) for i, e in enumerate(entries) if len(e) > 6 for row, state in e[6].items()
+    ]
     plain = [e[:5] for e in entries]
-    return _ENCODER.encode(Metrics(producer, seq, plain, done, sketches))
+    return _ENCODER.encode(Metrics(producer, seq, plain, done, sketches, samples))
 
 
 def encode_done(producer: int, seq: int, step: int) -> bytes:

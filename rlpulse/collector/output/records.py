@@ -139,6 +139,7 @@ class StepRecords:
             roles=roles,
             spans=tuple(state.spans),
             distributions=run.distributions(state),
+            samples={run.names.names[j]: merged for j, merged in state.samples.items()},
         )
         if record.partial:
             self._ratelog.warn(

@@ -133,7 +133,18 @@ class Aggregator:
             entries = msg.entries  # type: ignore[union-attr]
             if self.clock is not None:
                 entries = self.clock.entries(prod, entries, replay)
-            run.add(prod, entries, msg.sketches, msg.done, now, position, replay, sealing)  # type: ignore[union-attr]
+            data: protocol.Metrics = msg  # type: ignore[assignment]
+            run.add(
+                prod,
+                entries,
+                data.sketches,
+                data.done,
+                now,
+                position,
+                replay,
+                sealing,
+                data.samples,
+            )
         elif kind is protocol.Delta:
             apply_delta(self, prod, msg, now, position, replay)  # type: ignore[arg-type]
         elif isinstance(msg, protocol.Done):

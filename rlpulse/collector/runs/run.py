@@ -32,7 +32,7 @@ The recovery rules read here, in one place:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rlpulse.collector.config import CollectorConfig
@@ -103,13 +103,19 @@ class Run:
         position: object,
         replay: bool,
         sealing: bool,
+        samples: Sequence[tuple[int, int, bytes]] = (),
     ) -> None:
-        """A producer's entries (a ``Metrics`` message), then its cumulative ``done``."""
+        """A producer's entries (a ``Metrics`` message), then its cumulative ``done``;
+        ``sketches`` and ``samples``: the message's ``(entry, row, bytes)`` beside them."""
         bit = self.members.role_bits[prod.role]
-        if sketches:
-            by_row = by_table_row(sketches, len(entries))
-            for entry, sketch in zip(entries, by_row, strict=True):
-                self._entry(prod, bit, entry, now, position, replay, sketch, sealing)
+        if sketches or samples:
+            by_row = zip(
+                by_table_row(sketches, len(entries)),
+                by_table_row(samples, len(entries)),
+                strict=True,
+            )
+            for entry, side in zip(entries, by_row, strict=True):
+                self._entry(prod, bit, entry, now, position, replay, side, sealing)
         else:
             for entry in entries:
                 self._entry(prod, bit, entry, now, position, replay, None, sealing)
@@ -133,10 +139,11 @@ class Run:
         now: float,
         position: object,
         replay: bool,
-        sketches: dict[int, bytes] | None,
+        side: tuple[dict[int, bytes] | None, dict[int, bytes] | None] | None,
         sealing: bool,
     ) -> None:
-        """One entry of ``prod``'s. ``sealing``: see the module docstring (recovery)."""
+        """One entry of ``prod``'s; ``side``: its sketches and samples states by table row.
+        ``sealing``: see the module docstring (recovery)."""
         step, t, table, values, nonfinite = entry
         if sealing and step > prod.watermark:
             return  # its data for later steps had been withdrawn
@@ -171,7 +178,7 @@ class Run:
                 prod.late += 1
                 self.late(f"{prod.role}/{prod.rank} (restarted)", step)
             return
-        self.merger.add(state, table, values, role_bit, prod.pid, t, nonfinite, sketches)
+        self.merger.add(state, table, values, role_bit, prod.pid, t, nonfinite, *(side or ()))
         if self.names.full:  # names left out of this run: tell the producer how many of its
             prod.names_dropped += self.names.layout(table).dropped
         spans = self.spans.read(prod.role, prod.rank, prod.host, t, table, values)

@@ -33,9 +33,11 @@ from rlpulse.collector.health import Health
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs.members import Members, Slot
 from rlpulse.collector.runs.names import Layout, NameTable
+from rlpulse.collector.runs.samples import merge_into as merge_samples
 from rlpulse.collector.runs.sketches import merge_into, read as read_quantile
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Table
+from rlpulse.schemas.samples import SampleState
 from rlpulse.schemas.sketch import encode as encode_sketch
 from rlpulse.schemas.spans import Span
 from rlpulse.schemas.values import (
@@ -69,6 +71,8 @@ class StepInput(NamedTuple):
     """A relay's entry: every producer merged in it."""
     row_roles: np.ndarray | None = None
     """A relay's entry: per table row, the roles behind it (bits)."""
+    samples: Mapping[int, bytes] | None = None
+    """Samples states by table row (``collector.runs.samples``), as sketches."""
 
 
 _new_input = tuple.__new__
@@ -106,6 +110,8 @@ class StepState:
     with other ranks'): the step is emitted partial, naming them."""
     sketches: dict[int, np.ndarray] = field(default_factory=dict)
     """Per row of a distribution metric, its merged quantile sketch (``collector.sketches``)."""
+    samples: dict[int, SampleState] = field(default_factory=dict)
+    """Per row of a name logged as ``Samples``, its merged state (``collector.runs.samples``)."""
     waiting_on: Slot | None = None
     """A slot the step was last found waiting for (``completion.due`` asks it first)."""
 
@@ -171,17 +177,21 @@ class OpenSteps:
         t: float,
         nonfinite: Mapping[str, int],
         sketches: Mapping[int, bytes] | None = None,
+        samples: Mapping[int, bytes] | None = None,
     ) -> None:
         """One entry for ``state``: its values wait to be merged with the others of the same
         step and table (:meth:`merge_pending`); the rest is noted now. ``sketches`` are the
-        quantile sketches of its distribution metrics, by table row."""
+        quantile sketches of its distribution metrics, ``samples`` the states of its samples
+        names, by table row."""
         group = self._group(state, table, values)
         if group is None:
             return
         if sketches:
             self._sketch(state, table, sketches)
+        if samples:
+            self._samples(state, table, samples)
         # StepInput(...) without its Python-level __new__: this runs for every entry
-        record = (table, values, nonfinite, sketches, t, t, pid, role_bit, (), None)
+        record = (table, values, nonfinite, sketches, t, t, pid, role_bit, (), None, samples)
         state.inputs.append(_new_input(StepInput, record))
         group.roles |= 1 << role_bit
         if nonfinite:
@@ -202,6 +212,7 @@ class OpenSteps:
         times: tuple[float, float],
         nonfinite: Mapping[str, int],
         sketches: Mapping[int, bytes] | None = None,
+        samples: Mapping[int, bytes] | None = None,
     ) -> None:
         """A relay's entry: several producers' data already merged, with the roles behind each
         row and the first and last ``log()`` times."""
@@ -210,9 +221,11 @@ class OpenSteps:
             return
         if sketches:
             self._sketch(state, table, sketches)
+        if samples:
+            self._samples(state, table, samples)
         pids = tuple(pids)
         state.inputs.append(
-            StepInput(table, values, nonfinite, sketches, *times, -1, 0, pids, row_roles)
+            StepInput(table, values, nonfinite, sketches, *times, -1, 0, pids, row_roles, samples)
         )
         group.row_roles = row_roles if group.row_roles is None else group.row_roles | row_roles
         if nonfinite:
@@ -234,6 +247,17 @@ class OpenSteps:
         except SchemaError as exc:
             self.health.reject(exc.reason)
             self._ratelog.warn("bad-sketch", f"rejected an entry's sketches: {exc}")
+
+    def _samples(self, state: StepState, table: Table, samples: Mapping[int, bytes]) -> None:
+        """Merge an entry's samples states (table row -> bytes) into the step's, for the rows
+        this run keeps; a malformed one (or one ranked by another key) is counted."""
+        index = self.names.index
+        by_row = {index.get(table.names[r]): b for r, b in samples.items() if r < table.size}
+        try:
+            merge_samples(state.samples, {j: b for j, b in by_row.items() if j is not None})
+        except SchemaError as exc:
+            self.health.reject(exc.reason)
+            self._ratelog.warn("bad-samples", f"rejected an entry's samples: {exc}")
 
     def _group(self, state: StepState, table: Table, values: bytes) -> _Group | None:
         if len(values) != table.nbytes:
@@ -305,17 +329,15 @@ class OpenSteps:
         state.roles = np.zeros(n, dtype=np.int64)
         state.contributors, state.nonfinite = set(), Counter()
         state.t_first, state.t_last, state.inputs = math.inf, -math.inf, []
-        state.sketches = {}
+        state.sketches, state.samples = {}, {}
         for i in inputs:
             if i.row_roles is not None:
                 times = (i.t_first, i.t_last)
-                self.add_merged(
-                    state, i.table, i.values, i.row_roles, i.pids, times, i.nonfinite, i.sketches
-                )
+                rest = (i.nonfinite, i.sketches, i.samples)
+                self.add_merged(state, i.table, i.values, i.row_roles, i.pids, times, *rest)
             else:
-                self.add(
-                    state, i.table, i.values, i.role_bit, i.pid, i.t_first, i.nonfinite, i.sketches
-                )
+                rest = (i.nonfinite, i.sketches, i.samples)
+                self.add(state, i.table, i.values, i.role_bit, i.pid, i.t_first, *rest)
 
     def finish_through(self, slot: Slot, old: int, watermark: int, now: float) -> None:
         """``slot`` has finished every step in ``(old, watermark]``."""

@@ -10,7 +10,7 @@ The root merges the entry as one producer's (merging is associative), and marks 
 done only from the watermarks. A rank that took its slot over behind a relay is taken as not
 having run the steps its watermark covers (see :func:`apply_delta`).
 
->>> # relay: entries, sketches = step_entries(run, state, relay_output._table)
+>>> # relay: entries, sketches, samples = step_entries(run, state, relay_output._table)
 >>> # root:  apply_delta(aggregator, relay_info, delta, now, position, replay)
 """
 
@@ -27,6 +27,7 @@ from rlpulse.collector.runs.sketches import by_table_row
 from rlpulse.collector.runs.steps import StepState
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import Table
+from rlpulse.schemas.samples import encode as encode_samples
 from rlpulse.schemas.sketch import encode as encode_sketch
 
 if TYPE_CHECKING:
@@ -36,13 +37,14 @@ if TYPE_CHECKING:
 
 def step_entries(
     run: RunView, state: StepState, table_number: Callable[[Table], int]
-) -> tuple[list[tuple], list[tuple[int, int, bytes]]]:
-    """The relay's side: a finished step's delta entries (none when it touched no name) and
-    its distributions' sketches; ``table_number`` numbers (and announces) a name table."""
+) -> tuple[list[tuple], list[tuple[int, int, bytes]], list[tuple[int, int, bytes]]]:
+    """The relay's side: a finished step's delta entries (none when it touched no name), its
+    distributions' sketches and its samples states; ``table_number`` numbers (and announces)
+    a name table."""
     names = run.names
     touched = np.flatnonzero(state.touched[: len(names)])
     if not len(touched):
-        return [], []
+        return [], [], []
     rows = touched.tolist()
     table = Table.shared(
         tuple(names.names[j] for j in rows), bytes(int(names.resolved[j].reduction) for j in rows)
@@ -65,7 +67,12 @@ def step_entries(
         for row, j in enumerate(rows)
         if j in state.sketches
     ]
-    return [entry], sketches
+    samples = [  # the merged samples states, their random keys kept
+        (0, row, encode_samples(state.samples[j]))
+        for row, j in enumerate(rows)
+        if j in state.samples
+    ]
+    return [entry], sketches, samples
 
 
 def apply_delta(
@@ -86,6 +93,7 @@ def apply_delta(
     run = agg.run(name)
     members = run.members
     sketches = by_table_row(msg.sketches, len(msg.entries))
+    samples = by_table_row(msg.samples, len(msg.entries))
     resuming = membership.resuming
     clock = agg.clock
     bound = clock.now() if clock is not None else None
@@ -114,9 +122,8 @@ def apply_delta(
             _late_members(agg, relay, pids)
             continue
         row_roles = np.array([members.bits_of(o) for o in owners], dtype=np.int64)
-        run.merger.add_merged(
-            state, table, values, row_roles, pids, (t_first, t_last), nonfinite, sketches[i]
-        )
+        side = (nonfinite, sketches[i], samples[i])
+        run.merger.add_merged(state, table, values, row_roles, pids, (t_first, t_last), *side)
     for step, span in msg.spans:
         state = run.steps.get(step)  # opened by the step's entries, unless they came late
         if state is not None:

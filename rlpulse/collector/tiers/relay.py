@@ -222,7 +222,7 @@ class Relay:
         forwarded = self._forwarded(run.name)
         covered = state.done - forwarded.slots.get(state.step, set())
         forwarded.add(state.step, covered)
-        entries, sketches = step_entries(run, state, self._table)
+        entries, sketches, samples = step_entries(run, state, self._table)
         marks = []
         for slot in covered:
             pid = members.slots[slot]
@@ -232,7 +232,7 @@ class Relay:
             self._send(emit, RelayRecord("announce", tables=tuple(self._dirty)))
             self._dirty = []
         spans = [(state.step, span) for span in state.spans]
-        self._forward(emit, run.name, state.step, entries, marks, spans, sketches)
+        self._forward(emit, run.name, state.step, entries, marks, spans, sketches, samples)
         return bool(missing)
 
     def _forward(
@@ -244,9 +244,12 @@ class Relay:
         marks: list,
         spans: list | None = None,
         sketches: list | None = None,
+        samples: list | None = None,
     ) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        delta = protocol.Delta(self.relay_id, seq, run, entries, marks, spans or [], sketches or [])
+        delta = protocol.Delta(
+            self.relay_id, seq, run, entries, marks, spans or [], sketches or [], samples or []
+        )
         message = protocol.encode(delta)
         record = RelayRecord("delta", seq=seq, run=run, step=step, message=message)
         self._send(emit, record)

@@ -1,0 +1,61 @@
+"""``Samples`` values on the sender thread: rows reduced to a mergeable state.
+
+``log()`` only keeps the :class:`~rlpulse.producer.values.Samples` object (a copy of the rows'
+references); the encoder hands it here, on the sender thread, where its rows are checked,
+bounded and reduced to the top, bottom and random ``k`` (``rlpulse.schemas.samples``), with
+this rank's ``(role, rank)`` as every row's origin. Bad rows are dropped and counted
+(``samples_dropped``), cut texts counted (``samples_cut``); a bad value as a whole (a ``k``
+out of range, a key that is not a string) is counted ``invalid``. Nothing here raises.
+
+>>> from rlpulse.producer.stats import Counters
+>>> reducer = SampleReducer(("actor", 0), SampleLimits(k=2), Counters())
+>>> state = reducer.reduce(Samples([{"r": 1.0}, {"r": "x"}], key="r"))
+>>> state.rows, reducer.counters.samples_dropped
+(1, 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rlpulse.producer.stats import Counters
+from rlpulse.producer.values import Samples
+from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows
+
+
+class SampleReducer:
+    """Reduces ``Samples`` values of one rank; ``counters`` are the sender thread's."""
+
+    def __init__(
+        self, origin: tuple[str, int], limits: SampleLimits, counters: Counters | None = None
+    ) -> None:
+        self.origin = origin
+        self.limits = limits
+        self.counters = counters if counters is not None else Counters()
+        self._by_k: dict[int, SampleLimits] = {limits.k: limits}
+
+    def reduce(self, value: Samples) -> SampleState | None:
+        """The state of ``value``'s rows; None (counted ``invalid``) for a value that cannot
+        be reduced at all."""
+        limits = self._limits(value.k)
+        if limits is None or type(value.key) is not str or not value.key:
+            self.counters.invalid += 1
+            return None
+        try:
+            state = reduce_rows(value.rows, value.key, origin=self.origin, limits=limits)
+        except Exception:  # a mapping that raises when read: the value is lost, counted
+            self.counters.invalid += 1
+            return None
+        self.counters.samples_dropped += state.dropped
+        self.counters.samples_cut += state.cut
+        return state
+
+    def _limits(self, k: object) -> SampleLimits | None:
+        if k is None:
+            return self.limits
+        if type(k) is not int or not 1 <= k <= 1024:
+            return None
+        limits = self._by_k.get(k)
+        if limits is None:
+            limits = self._by_k[k] = replace(self.limits, k=k)
+        return limits

@@ -1,0 +1,88 @@
+"""``Samples`` values in the producer: reduced on the sender thread (never in ``log()``), sent
+as a row count beside their state; bad rows dropped and counted, bad values counted, the
+config checked."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from rlpulse import Samples
+from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.encode import Encoder
+from rlpulse.producer.samples import SampleReducer
+from rlpulse.schemas import Reduction, metrics as M, protocol
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.samples import SampleLimits, decode
+
+NAME = M.ROLLOUT_SAMPLES.name
+
+
+def encoder(k: int = 2, field_bytes: int = 64) -> Encoder:
+    reducer = SampleReducer(("actor", 3), SampleLimits(k=k, field_bytes=field_bytes))
+    return Encoder(CATALOG, {}, reducer.counters, lambda key, msg: None, samples=reducer)
+
+
+def test_a_samples_value_is_a_sum_row_of_its_rows_with_its_state_beside_it() -> None:
+    enc = encoder()
+    rows = [{"reward": float(i), "text": "t"} for i in range(5)]
+    entry = enc.entry(
+        7, 1.0, {NAME: Samples(rows, key="reward"), "x": 1.0, "u/gen": Samples(rows[:1], "reward")}
+    )
+    assert entry is not None
+    step, _, table, values, _, _, samples = entry
+    assert step == 7 and values[:8] == struct.pack("<d", 5.0)  # the row counts the rows
+    decl = enc.tables[table]
+    assert decl.names == [NAME, "x", "u/gen"]
+    assert decl.kinds[0] == decl.kinds[2] == Reduction.SUM  # a user's name too
+    state = decode(samples[0])
+    assert (state.rows, state.k) == (5, 2)
+    assert [r.fields["reward"] for r in state.top] == [4.0, 3.0]
+    assert {(r.role, r.rank) for r in state.random} == {("actor", 3)}
+    assert decode(samples[2]).rows == 1
+    msg = protocol.decode(protocol.encode_metrics(1, 1, [entry]))
+    assert [(e, r) for e, r, _ in msg.samples] == [(0, 0), (0, 2)]  # type: ignore[union-attr]
+    assert protocol.packed_bytes(entry) >= len(protocol.encode_metrics(1, 1, [entry]))
+
+
+def test_bad_rows_are_dropped_and_counted_long_texts_cut_bad_values_counted() -> None:
+    enc = encoder(field_bytes=32)
+    rows = [{"reward": 1.0, "text": "y" * 100}, {"reward": "no"}, {"reward": float("nan")}, 5]
+    entry = enc.entry(0, 0.0, {NAME: Samples(rows, key="reward")})
+    assert entry is not None
+    state = decode(entry[6][0])
+    assert (state.rows, state.dropped, state.cut) == (1, 3, 1)
+    assert "[cut" in state.top[0].fields["text"]  # type: ignore[operator]
+    c = enc.counters
+    assert (c.samples_dropped, c.samples_cut, c.invalid) == (3, 1, 0)
+    assert enc.entry(0, 0.0, {NAME: Samples(rows, key="reward", k=0)}) is None
+    assert enc.entry(0, 0.0, {NAME: Samples(rows, key=3)}) is None  # type: ignore[arg-type]
+    assert c.invalid == 2
+
+
+def test_a_row_mapping_that_raises_costs_the_value_never_the_caller() -> None:
+    class Hostile(dict):
+        def items(self):  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    enc = encoder()
+    assert enc.entry(0, 0.0, {NAME: Samples([Hostile(reward=1.0)], key="reward")}) is None
+    assert enc.counters.invalid == 1
+
+
+def test_log_leaves_the_rows_to_the_sender() -> None:
+    from rlpulse.producer.encode import PASSED
+
+    assert Samples in PASSED  # log() copies no row and reduces nothing
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("samples_k", 0), ("samples_k", 1025), ("samples_field_bytes", 8), ("samples_row_fields", 0)],
+)
+def test_bad_samples_config_fails_naming_the_field(field: str, value: int) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ProducerConfig(**{field: value})
+    assert ProducerConfig(samples_k=3).sample_limits() == SampleLimits(k=3)
