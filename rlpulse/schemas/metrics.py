@@ -34,6 +34,12 @@ from rlpulse.schemas.evaluation import (  # held-out validation, listed here
 )
 from rlpulse.schemas.histogram import Histogram
 from rlpulse.schemas.reductions import Reduction, Stat
+from rlpulse.schemas.rollout import (  # rollout engine vs trainer, staleness, samples, listed here
+    ASYNC_STALENESS as ASYNC_STALENESS,
+    ROLLOUT_LOGPROB_DIFF as ROLLOUT_LOGPROB_DIFF,
+    ROLLOUT_PROB_RATIO as ROLLOUT_PROB_RATIO,
+    ROLLOUT_SAMPLES as ROLLOUT_SAMPLES,
+)
 from rlpulse.schemas.serving import (  # the policy server's metrics, listed here
     SERVE_BATCH_SIZE as SERVE_BATCH_SIZE,
     SERVE_ERRORS as SERVE_ERRORS,
@@ -268,41 +274,6 @@ CRITIC_REWARD_CLIP_FRAC = Entry(
     FRACTION,
     "ratio",
     "Share of responses whose normalised reward was changed by reward clipping (ROLL).",
-)
-
-# Rollout engine vs trainer, and off-policy staleness (trainer/: actor_train and the driver)
-ROLLOUT_LOGPROB_DIFF = distribution(
-    "rollout/logprob_diff",
-    "nats",
-    "Rollout engine's log-prob of a sampled response token minus the trainer's recomputed "
-    "old log-prob of it (critic/old_log_prob), per response token, pooled over tokens. The "
-    "engine's is under the distribution it sampled from (transformers: temperature and "
-    "top_p applied; vLLM: its logprobs_mode), the trainer's a full forward pass at "
-    "temperature 1: non-zero from numerics (KV cache, kernels, precision), from sampling "
-    "settings, and, with ppo.off_policy_steps > 0, from the policy updates since the rollout.",
-)
-ROLLOUT_PROB_RATIO = distribution(
-    "rollout/prob_ratio",
-    "ratio",
-    "Trainer's over rollout engine's probability of a sampled response token, "
-    "exp(-rollout/logprob_diff), per response token: the importance weight truncated-IS "
-    "corrections apply for the rollout/trainer mismatch (1 when they agree).",
-)
-ROLLOUT_SAMPLES = Entry(
-    "rollout/samples",
-    Reduction.SUM,
-    "rows",
-    "Training rollouts behind the step's numbers (Samples ranked by reward: prompt, response, "
-    "reward, advantage, response length, the engine-vs-trainer log-prob mismatch of the "
-    "sample, staleness): the step record's samples hold the top and bottom k and a uniform "
-    "random k over every rank's rows; the value counts the rows logged.",
-)
-ASYNC_STALENESS = distribution(
-    "async/staleness",
-    "steps",
-    "Trainer step minus the policy version (step of the weights) that generated a trained "
-    "sample, per response token of the training batch (token-weighted): 0 on-policy, "
-    "ppo.off_policy_steps once the pipeline is full.",
 )
 
 # PPO losses and sample accounting
