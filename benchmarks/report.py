@@ -1053,6 +1053,83 @@ def section_sketch(sk: dict[str, Any] | None, goals: list) -> list[str]:
     return out
 
 
+SAMPLES_GOAL = (
+    "samples: log() of Samples(256 rows x 1 KB text) costs the caller <= 2x a 60-scalar log() "
+    "at the median (the rows' references are copied; the sender thread reduces them)"
+)
+SAMPLES_CALLS = {
+    "scalar": "one scalar",
+    "scalars60": "60 scalars",
+    "samples": "Samples: {rows} rows x {kb} text",
+}
+
+
+def section_samples(sc: dict[str, Any] | None, goals: list) -> list[str]:
+    """Section 13: what ``log()`` of a ``Samples`` value costs, beside plain scalar calls."""
+    out = ["## 13. Samples: log() of 256 rows of 1 KB text", ""]
+    if sc is None:
+        goals.append((SAMPLES_GOAL, "not run", None))
+        return [*out, "Not measured (`python -m benchmarks.samples_cost`).", ""]
+    by = {r["workload"]: r for r in sc["results"]}
+    kb = f"{sc['text_bytes'] / 1024:g} KB" if sc["text_bytes"] >= 1024 else f"{sc['text_bytes']} B"
+    null_cpu = by["scalar"]["cpu_us_per_call"]
+    out += [
+        f"`python -m benchmarks.samples_cost --rounds {sc['rounds']}` ({sc.get('date', '?')}; "
+        f"{_load_line(sc)}). One producer connected to a collector (jsonl), measured as in "
+        f"section 1: blocks of {sc['block']} calls paced by {sc['pace_ms']:g} ms, the three calls "
+        "interleaved in a shuffled order every round. The samples call is "
+        '`log({"rollout/samples": Samples(rows, key="reward")}, step)`, the `Samples(...)` '
+        "included; each row holds a 256-byte prompt, a 768-byte response and four numbers. "
+        "CPU per call is the whole process's (the sender thread's reduction included), the "
+        "extra over the one-scalar call in brackets."
+        + (f" Code measured: {sc['note']}." if sc.get("note") else ""),
+        "",
+        "| call | median | p99 | CPU per call (extra) |",
+        "|---|---:|---:|---:|",
+    ]
+    for w, label in SAMPLES_CALLS.items():
+        r = by[w]
+        extra = r["cpu_us_per_call"] - null_cpu
+        plus = "baseline" if w == "scalar" else f"{'+' if extra >= 0 else ''}{_us(extra)}"
+        out.append(
+            f"| {label.format(rows=sc['rows'], kb=kb)} | {_us(r['us']['median'])} | "
+            f"{_us(r['us']['p99'])} | {_us(r['cpu_us_per_call'])} ({plus}) |"
+        )
+    snd = sc["sender"]
+    held = sc["samples_in_records"]
+    stats = sc.get("producer_stats", {})
+    out += [
+        "",
+        f"On the sender thread, one such value costs {_us(snd['reduce_us']['median'])} to reduce "
+        "(`schemas.samples.reduce_rows`: every row checked and bounded, the top, bottom and "
+        f"random k kept, 8 by default) and {_us(snd['encode_us']['median'])} to encode (medians, timed alone).",
+        "",
+    ]
+    if held:
+        out += [
+            f"The collector's records held the samples of {held} steps (the producer took "
+            f"them: {stats.get('invalid', 0)} values invalid, "
+            f"{stats.get('samples_dropped', 0)} rows dropped).",
+            "",
+        ]
+        ratio = _ratio(by["samples"]["us"]["median"], by["scalars60"]["us"]["median"])
+        measured = (
+            f"{_us(by['samples']['us']['median'])} vs {_us(by['scalars60']['us']['median'])} "
+            f"(60 scalars) and {_us(by['scalar']['us']['median'])} (one scalar), median: "
+            f"{ratio:.2f}x"
+        )
+        goals.append((SAMPLES_GOAL, measured, ratio <= 2.0))
+    else:
+        note = (
+            "The collector's records held no samples: this run's producer refused `Samples` "
+            f"values ({stats.get('invalid', '?')} invalid), so the samples row is the cost of a "
+            "refused value."
+        )
+        out += [note, ""]
+        goals.append((SAMPLES_GOAL, "the producer refused Samples in this run", None))
+    return out
+
+
 def render() -> Path:
     meta = _load("run") or {}
     cc, ing, lat = _load("caller_cost"), _load("ingest"), _load("latency")
@@ -1096,6 +1173,7 @@ def render() -> Path:
     body += section_notes(cc, ing, lat, reduce_cost.get("cpu"), goals)
     body += section_sketch(_load("sketch_cost"), goals)
     body += section_kept("vllm_rollout")
+    body += section_samples(_load("samples_cost"), goals)
     if cc:
         plot_caller(cc)
     if ing:

@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "serve_load": ([], 300),
     "rl_insight": ([], 300),
     "sketch_cost": (["--calls", "30"], 300),
+    "samples_cost": (["--rounds", "10"], 180),
 }
 
 

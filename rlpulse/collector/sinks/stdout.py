@@ -7,6 +7,11 @@ everything but the last part for longer ones (``critic/score/mean`` is in ``crit
       actor                         clipfrac=0.0213  pg_loss=-0.0041
       critic/score                  max=1  mean=0.625  min=0
       time/actor_train/train_step   execute=1.52  total=1.61
+      samples rollout/samples  512 rows  best reward=1 actor_train/3 "The answer is 4"  worst reward=-1 actor_train/0 "I think"
+
+A step's samples (``StepRecord.samples``) get one line per name: the rows logged, and the best
+and worst row's key value, origin and the start of its main text
+(``rlpulse.collector.sinks.samples_view``).
 """
 
 from __future__ import annotations
@@ -16,15 +21,13 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.samples import SampleState
 
-
-def _number(value: float) -> str:
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.4g}"
+_number = samples_view.number
 
 
 class StdoutSink(Sink):
@@ -43,6 +46,7 @@ class StdoutSink(Sink):
     def __init__(self, stream: TextIO | None = None, max_per_line: int = 6) -> None:
         self._stream = stream
         self._max_per_line = max_per_line
+        self._samples = samples_view.SampleWriter(self.name)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> StdoutSink:
@@ -74,12 +78,22 @@ class StdoutSink(Sink):
         if record.nonfinite:
             dropped = ", ".join(f"{k} x{v}" for k, v in sorted(record.nonfinite.items()))
             lines.append(f"  NaN/Inf samples dropped by producers: {dropped}")
+
+        def line(name: str, state: SampleState) -> None:
+            lines.append("  samples " + samples_view.one_line(name, state))
+
+        self._samples.each(record.samples, line)
         return "\n".join(lines) + "\n"
 
     def write(self, record: StepRecord) -> None:
         stream = self._stream or sys.stdout
         stream.write(self.format(record))
         stream.flush()
+
+    @property
+    def samples_failed(self) -> int:
+        """Samples lines left out (logged, never raised: the step's numbers were printed)."""
+        return self._samples.failed
 
     def close(self) -> None:
         stream = self._stream or sys.stdout

@@ -13,6 +13,11 @@ otherwise, so nothing is written to disk); offline mode writes ``<logdir>/run-*`
 needs ``swanlab[dashboard]``: without it, local mode fails at start-up). The key never appears in a
 log line or an error message.
 
+A step's samples (``StepRecord.samples``) are logged at its step as SwanLab texts, one list per
+name under ``samples/<name>``: one text per row, its fields one per line, captioned with its
+set, origin and key value (``rlpulse.collector.sinks.samples_view``). They are logged after
+the numbers, so texts SwanLab refuses are logged and counted, and the numbers stay.
+
 SwanLab keeps one active run per process, so the sink follows the first rlpulse run it sees;
 steps of other runs are skipped with a warning (configure one collector per run).
 
@@ -34,9 +39,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.samples import SampleState
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,7 @@ class SwanLabSink(Sink):
         self._run: Any = None
         self._run_name: str | None = None
         self._skipped: set[str] = set()
+        self._samples = samples_view.SampleWriter(self.name)
 
     def __repr__(self) -> str:  # spelled out so that the key can never leak through a repr
         return f"SwanLabSink(mode={self.mode!r}, project={self._init_kwargs.get('project')!r})"
@@ -191,7 +199,20 @@ class SwanLabSink(Sink):
                     record.run,
                 )
             return
-        self._run.log(dict(record.metrics), step=record.step)
+        run = self._run
+        run.log(dict(record.metrics), step=record.step)
+
+        def texts(name: str, state: SampleState) -> None:
+            rows = [self._swanlab.Text(t, caption=c) for c, t in samples_view.captioned(state)]
+            if rows:
+                run.log({samples_view.tag(name): rows}, step=record.step)
+
+        self._samples.each(record.samples, texts)
+
+    @property
+    def samples_failed(self) -> int:
+        """Sample texts not written (logged, never raised: the step's numbers were)."""
+        return self._samples.failed
 
     def close(self) -> None:
         """Finish the SwanLab run; safe to call twice or before open()."""

@@ -9,6 +9,11 @@ TensorBoard scalars are float32 (``Summary.Value.simple_value``): values are wha
 writes, rounded to float32 (integers above 2**24, such as large token counts, lose their last
 digits; Prometheus and jsonl keep float64).
 
+A step's samples (``StepRecord.samples``) are text summaries in the same event, one per name
+under ``samples/<name>``: a markdown table (``rlpulse.collector.sinks.samples_view``) that
+TensorBoard's Text tab renders, its cells cut to 1000 characters. A name whose table cannot be
+made is logged and counted, and the step's scalars are written all the same.
+
 >>> import tempfile
 >>> sink = TensorBoardSink.from_kwargs({"log_dir": tempfile.mkdtemp()}, SinkContext())
 >>> sink.open()
@@ -26,9 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
+from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.samples import SampleState
 from rlpulse.schemas.sketch import coarse_buckets, decode as decode_sketch
 
 FIELD = "tracker_kwargs.tensorboard"
@@ -58,6 +65,7 @@ class TensorBoardSink(Sink):
         self._record_writer = record_writer
         self._files: dict[str, tuple[BinaryIO, Any]] = {}
         self._created = 0
+        self._samples = samples_view.SampleWriter(self.name)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], ctx: SinkContext) -> TensorBoardSink:
@@ -94,6 +102,11 @@ class TensorBoardSink(Sink):
                     tag=name, histo=self._histogram(name, sketch, record)
                 )
             )
+
+        def text(name: str, state: SampleState) -> None:
+            values.append(self._text(samples_view.tag(name), samples_view.markdown(name, state)))
+
+        self._samples.each(record.samples, text)
         event = self._event_pb2.Event(
             wall_time=record.time or time.time(),
             step=record.step,
@@ -116,6 +129,27 @@ class TensorBoardSink(Sink):
             bucket_limit=upper.tolist(),
             bucket=counts.astype(float).tolist(),
         )
+
+    def _text(self, tag: str, markdown: str) -> Any:
+        """A text summary (TensorBoard's text plugin: a scalar string tensor) of ``markdown``."""
+        from tensorboard.compat.proto import tensor_pb2, tensor_shape_pb2, types_pb2
+        from tensorboard.plugins.text.metadata import create_summary_metadata
+
+        tensor = tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_STRING,
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+            string_val=[markdown.encode("utf-8")],
+        )
+        return self._summary_pb2.Summary.Value(
+            tag=tag,
+            metadata=create_summary_metadata(display_name=None, description=None),
+            tensor=tensor,
+        )
+
+    @property
+    def samples_failed(self) -> int:
+        """Sample tables not written (logged, never raised: the step's scalars were)."""
+        return self._samples.failed
 
     def written_through(self) -> dict[str, int]:
         """The last step of each run already in the event files (keyed by the run's folder

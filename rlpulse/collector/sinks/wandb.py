@@ -1,5 +1,10 @@
 """Weights & Biases sink: one W&B run per rlpulse run, one history row per training step.
 
+A step's samples (``StepRecord.samples``) go into the same row as one ``wandb.Table`` per name,
+under ``samples/<name>`` (columns ``set``, ``role``, ``rank``, then the row's fields:
+``rlpulse.collector.sinks.samples_view``); W&B shows each table at its step. They are logged
+after the numbers, so a table W&B refuses is logged and counted, and the numbers stay.
+
 kwargs follow ROLL's ``tracker_kwargs`` for wandb: ``project``, ``name``, ``notes``, ``tags``,
 ``api_key``, plus ``mode`` (``online``, ``offline``, ``disabled``), ``dir``, ``entity``,
 ``group``, ``job_type`` and ``base_url`` (a self-hosted W&B server). ``mode`` defaults to ``WANDB_MODE``, else online. Offline runs are
@@ -23,9 +28,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.samples import SampleState
 
 FIELD = "tracker_kwargs.wandb"
 _STRINGS = ("project", "entity", "name", "notes", "group", "job_type")
@@ -65,6 +72,7 @@ class WandbSink(Sink):
         self._dir = directory
         self._runs: dict[str, Any] = {}
         self._started = False  # wandb.init was called: the wandb service may be running
+        self._samples = samples_view.SampleWriter(self.name)
 
     def __repr__(self) -> str:  # spelled out so that the key can never leak through a repr
         return f"WandbSink(mode={self.mode!r}, project={self._init_kwargs.get('project')!r})"
@@ -142,11 +150,27 @@ class WandbSink(Sink):
             self._dir.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: StepRecord) -> None:
-        """Log the step's metrics as one history row at ``step``."""
+        """Log the step's metrics as one history row at ``step``, then its samples' tables
+        into the same row (W&B keeps a step's row open until a later step is logged)."""
         run = self._runs.get(record.run)
         if run is None:
             run = self._runs[record.run] = self._start(record.run)
         run.log(dict(record.metrics), step=record.step)
+
+        def log_table(name: str, state: SampleState) -> None:
+            t = samples_view.table(state)
+            if not t.rows:  # every row was dropped: the count says so, an empty table not
+                return
+            data = [list(row) for row in t.rows]
+            table = self._wandb.Table(columns=list(t.columns), data=data, allow_mixed_types=True)
+            run.log({samples_view.tag(name): table}, step=record.step)
+
+        self._samples.each(record.samples, log_table)
+
+    @property
+    def samples_failed(self) -> int:
+        """Sample tables not written (logged, never raised: the step's numbers were)."""
+        return self._samples.failed
 
     def close(self) -> None:
         """Finish every W&B run and wait until wandb has written (or uploaded) all of it;

@@ -16,6 +16,7 @@ from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.jsonl import JsonlSink
 from rlpulse.schemas.metrics import CATALOG
 from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows
 
 # Every reported name of the catalog (templates by their examples, with "x" for free
 # parameters, and by names a real run logs) plus one outside the catalog.
@@ -49,6 +50,49 @@ def make_records(run: str = "r1", steps: int = 3) -> list[StepRecord]:
             )
         )
     return records
+
+
+def make_samples(k: int = 2) -> dict[str, SampleState]:
+    """Two names' samples merged over two ranks, with texts a display must escape or cut:
+    ``|``, line breaks, a 5000-character response (cut by the producer's byte limit), non-ASCII
+    text, a field only some rows have, and a row the producer drops."""
+    limits = SampleLimits(k=k, field_bytes=4096)
+    rollout = [
+        {
+            "prompt": f"Q{i}: 2+{i}?",
+            "response": f"answer | {2 + i}\nbecause",
+            "reward": float(i),
+            "advantage": i - 1.5,
+            "response_length": 3 + i,
+        }
+        for i in range(4)
+    ]
+    rollout[3]["response"] = "x" * 5000  # the best row: cut to field_bytes, marked
+    rollout[0]["note"] = "naïve — ünïcode"  # the worst row has one more field
+    merged = reduce_rows(rollout[:2], "reward", origin=("actor_train", 0), limits=limits).merge(
+        reduce_rows(
+            [*rollout[2:], {"reward": "bad"}], "reward", origin=("actor_train", 1), limits=limits
+        )
+    )
+    val = reduce_rows(
+        [{"prompt": "p", "response": "r", "score": 1}], "score", origin=("val", 0), limits=limits
+    )
+    return {"rollout/samples": merged, "val/samples": val}
+
+
+def samples_record(run: str = "r1", step: int = 0) -> StepRecord:
+    """A step whose samples are :func:`make_samples`' and whose metrics count their rows, as
+    the collector emits it."""
+    samples = make_samples()
+    return StepRecord(
+        run=run,
+        step=step,
+        metrics={"time/rollout": 1.5 + step, **{n: float(s.rows) for n, s in samples.items()}},
+        ranks=2,
+        time=1_700_000_000.0 + step,
+        roles={"rollout/samples": "actor_train", "val/samples": "val"},
+        samples=samples,
+    )
 
 
 @pytest.fixture

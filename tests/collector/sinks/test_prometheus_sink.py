@@ -5,6 +5,7 @@ The scrape by a real Prometheus server is in tests/integration/test_prometheus_s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -24,6 +25,7 @@ from rlpulse.collector.sinks.prometheus import PrometheusSink
 from rlpulse.collector.sinks.promexport import REPLACED
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
+from tests.collector.sinks.conftest import samples_record
 from tests.support.prom import scrape_registry
 
 HEALTH = {
@@ -77,6 +79,26 @@ def test_a_metric_missing_from_a_step_keeps_its_last_value(sink: PrometheusSink)
     assert got[("rlpulse_time_rollout_seconds", run)] == 2.5
     assert got[("rlpulse_val_score_mean", run)] == 0.7
     assert got[("rlpulse_run_step_partial", frozenset({("run", "r")}))] == 1
+
+
+def test_samples_only_count_rows_and_add_no_family() -> None:
+    with_samples = samples_record()
+    without = dataclasses.replace(with_samples, samples={})
+    scraped = []
+    for record in (without, with_samples):
+        sink = PrometheusSink.from_kwargs({"port": 0}, SinkContext(health=lambda: HEALTH))
+        sink.write(record)
+        scraped.append(scrape_registry(sink.registry))
+        sink.close()
+    # The rows themselves add no family, label or sample (the process's own gauges move).
+    assert scraped[1].keys() == scraped[0].keys()
+    ours = [{k: v for k, v in got.items() if k[0].startswith("rlpulse_")} for got in scraped]
+    assert ours[1] == ours[0]
+    rows = {n: s.rows for n, s in with_samples.samples.items()}
+    assert rows == {"rollout/samples": 4, "val/samples": 1}
+    for name, role in (("rollout/samples", "actor_train"), ("val/samples", "val")):
+        labels = frozenset({("run", "r1"), ("role", role)})
+        assert scraped[1][(prom_metric(name).name, labels)] == rows[name]
 
 
 def test_collector_health_is_rendered(sink: PrometheusSink) -> None:

@@ -14,12 +14,12 @@ import pytest
 from swanlab.proto.swanlab.record.v1.record_pb2 import Record
 from swanlab.sdk.internal.core_python.store import DataStoreReader
 
-from rlpulse.collector.sinks import build_sink
+from rlpulse.collector.sinks import build_sink, samples_view
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.swanlab import SwanLabSink
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
-from tests.collector.sinks.conftest import jsonl_view, make_records
+from tests.collector.sinks.conftest import jsonl_view, make_records, samples_record
 
 SECRET = "sk-swanlab-test-key-0123456789"  # fake
 
@@ -41,6 +41,25 @@ def _read(log_dir: Path) -> tuple[Record, dict[int, dict[str, float]]]:
     reader.close()
     assert start is not None
     return start, rows
+
+
+def _media(log_dir: Path) -> dict[tuple[str, int], list[tuple[str, str]]]:
+    """The run's texts by key and step: (caption, content read from the media file) each."""
+    (path,) = log_dir.glob("run-*/run-*.swanlab")
+    reader = DataStoreReader()
+    reader.open(path)
+    out: dict[tuple[str, int], list[tuple[str, str]]] = {}
+    for raw in reader:
+        record = Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "media":
+            media = record.media
+            out[(media.key, media.step)] = [
+                (item.caption, (path.parent / "media" / "text" / item.filename).read_text())
+                for item in media.value.items
+            ]
+    reader.close()
+    return out
 
 
 def _write(sink: SwanLabSink, records: list[StepRecord]) -> None:
@@ -168,3 +187,39 @@ def test_missing_library_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "swanlab", None)
     with pytest.raises(ConfigError, match="pip install"):
         SwanLabSink.from_kwargs({"mode": "offline"}, SinkContext())
+
+
+def test_samples_are_texts_one_per_row_at_the_step(offline: Path) -> None:
+    steps = [samples_record(step=0), samples_record(step=1)]
+    sink = build_sink("swanlab", {"logdir": "sl", "mode": "offline"}, SinkContext())
+    assert isinstance(sink, SwanLabSink)
+    _write(sink, steps)
+    assert sink.samples_failed == 0
+    _, rows = _read(offline / "sl")
+    assert rows == {r.step: dict(r.metrics) for r in steps}  # the counts stay scalars
+    media = _media(offline / "sl")
+    expected = {
+        (samples_view.tag(name), r.step): samples_view.captioned(state)
+        for r in steps
+        for name, state in r.samples.items()
+    }
+    assert media == expected
+
+
+def test_texts_swanlab_refuses_leave_the_numbers_logged(
+    offline: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = build_sink("swanlab", {"logdir": "sl", "mode": "offline"}, SinkContext())
+    assert isinstance(sink, SwanLabSink)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise TypeError("no texts today")
+
+    monkeypatch.setattr(sink._swanlab, "Text", refuse)
+    record = samples_record()
+    with caplog.at_level(logging.WARNING, logger="rlpulse.collector.sinks.samples_view"):
+        _write(sink, [record])
+    assert sink.samples_failed == 2
+    assert "no texts today" in caplog.text
+    assert _read(offline / "sl")[1] == {0: dict(record.metrics)}
+    assert _media(offline / "sl") == {}

@@ -10,12 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 
+from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.tensorboard import TensorBoardSink
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
-from tests.collector.sinks.conftest import jsonl_view, make_records
+from rlpulse.schemas.samples import reduce_rows
+from tests.collector.sinks.conftest import jsonl_view, make_records, samples_record
 
 
 def _write(log_dir: Path, records: list[StepRecord]) -> None:
@@ -78,7 +81,9 @@ def test_the_collector_with_a_tensorboard_sink_does_not_import_torch(tmp_path: P
         f"c = CollectorConfig.from_mapping({{'bind': 'tcp://127.0.0.1:*', 'track_with': 'tensorboard', "
         f"'tracker_kwargs': {{'log_dir': {str(tmp_path)!r}}}}})\n"
         "col = Collector(c)\n"
-        "col.fanout.start(); col.fanout.put(StepRecord(run='r', step=0, metrics={'x': 1.0})); col.close()\n"
+        "from rlpulse.schemas.samples import reduce_rows\n"
+        "s = {'x': reduce_rows([{'reward': 1.0, 'response': 'r'}], 'reward', origin=('a', 0))}\n"
+        "col.fanout.start(); col.fanout.put(StepRecord(run='r', step=0, metrics={'x': 1.0}, samples=s)); col.close()\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run(
@@ -86,6 +91,60 @@ def test_the_collector_with_a_tensorboard_sink_does_not_import_torch(tmp_path: P
     )
     assert out.stdout.strip() == "False"
     assert [e.step for e in _read(tmp_path / "r").Scalars("x")] == [0]
+    assert [e.step for e in _read(tmp_path / "r").Tensors("samples/x")] == [0]
+
+
+def test_samples_are_a_markdown_text_summary_per_name(tmp_path: Path) -> None:
+    steps = [samples_record(step=0), samples_record(step=1)]
+    _write(tmp_path, steps)
+    acc = _read(tmp_path / "r1")
+    names = sorted(samples_view.tag(n) for n in steps[0].samples)
+    assert sorted(acc.PluginTagToContent("text")) == names  # TensorBoard's Text tab shows them
+    assert sorted(acc.Tags()["scalars"]) == sorted(steps[0].metrics)  # the counts stay scalars
+    for name in steps[0].samples:
+        events = acc.Tensors(samples_view.tag(name))
+        assert [e.step for e in events] == [0, 1]
+        for event, record in zip(events, steps, strict=True):
+            (text,) = event.tensor_proto.string_val
+            assert text.decode() == samples_view.markdown(name, record.samples[name])
+            assert event.wall_time == record.time
+
+
+@pytest.mark.filterwarnings("ignore:html5lib.s sanitizer is deprecated:DeprecationWarning")
+def test_tensorboards_text_tab_renders_one_table_row_per_sample(tmp_path: Path) -> None:
+    from tensorboard.plugins.text.text_plugin import text_array_to_html  # warns on import
+
+    rows = [
+        {"response": "<think>a | b</think>\nso 4", "reward": 1.0},
+        {"response": "x" * 3000, "reward": 0.0},
+    ]
+    samples = {"rollout/samples": reduce_rows(rows, "reward", origin=("actor", 0))}
+    _write(
+        tmp_path, [StepRecord(run="r", step=0, metrics={"rollout/samples": 2.0}, samples=samples)]
+    )
+    (event,) = _read(tmp_path / "r").Tensors("samples/rollout/samples")
+    page = text_array_to_html(tensor_util.make_ndarray(event.tensor_proto), True)
+    # Two sets of two rows and the random two; columns set, role, rank, response, reward.
+    assert page.count("<tr>") == 1 + 6 and page.count("<td>") == 6 * 5
+    assert "<td>&lt;think&gt;a | b&lt;/think&gt;<br />so 4</td>" in page.replace("<br>", "<br />")
+    assert "x" * 1000 + "…[+2000]</td>" in page  # cut for display, saying how much
+
+
+def test_a_table_that_cannot_be_made_leaves_the_scalars_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(name: str, state: object, limit: int = 0) -> str:
+        raise UnicodeError("cannot render")
+
+    monkeypatch.setattr(samples_view, "markdown", broken)
+    sink = TensorBoardSink.from_kwargs({"log_dir": str(tmp_path)}, SinkContext())
+    sink.open()
+    sink.write(samples_record())  # does not raise: a retry would write the scalars twice
+    sink.close()
+    assert sink.samples_failed == 2
+    acc = _read(tmp_path / "r1")
+    assert [e.step for e in acc.Scalars("time/rollout")] == [0]
+    assert acc.Tags()["tensors"] == []
 
 
 @pytest.mark.parametrize(

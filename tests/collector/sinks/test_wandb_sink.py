@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
-from rlpulse.collector.sinks import build_sink
+from rlpulse.collector.sinks import build_sink, samples_view
 from rlpulse.collector.sinks.base import SinkContext
 from rlpulse.collector.sinks.wandb import WandbSink
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
-from tests.collector.sinks.conftest import jsonl_view, make_records
+from tests.collector.sinks.conftest import jsonl_view, make_records, samples_record
 
 SECRET = "0123456789abcdef0123456789abcdef01234567"  # shaped like a wandb key; fake
 
@@ -204,3 +204,45 @@ def test_missing_library_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match="pip install"):
         WandbSink.from_kwargs({"mode": "offline"}, SinkContext())
+
+
+def test_samples_are_a_table_per_name_in_the_steps_row(offline: Path) -> None:
+    steps = [samples_record(step=0), samples_record(step=1)]
+    sink = build_sink("wandb", {"mode": "offline", "dir": "wb"}, SinkContext(), os.environ)
+    _write(sink, steps)
+    assert sink.samples_failed == 0
+
+    (run_file,) = (offline / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    history = _history(run_file)
+    assert sorted(history) == [0, 1]
+    for record in steps:
+        row = history[record.step]
+        for name, value in record.metrics.items():
+            assert row[name] == value  # the count stays the name's scalar
+        for name, state in record.samples.items():
+            tag = samples_view.tag(name)
+            assert row[f"{tag}/_type"] == "table-file"
+            assert row[f"{tag}/nrows"] == len(state.top) + len(state.bottom) + len(state.random)
+            saved = json.loads((run_file.parent / "files" / row[f"{tag}/path"]).read_text())
+            expected = samples_view.table(state)
+            assert saved["columns"] == list(expected.columns)
+            assert [tuple(r) for r in saved["data"]] == list(expected.rows)
+
+
+def test_a_table_wandb_refuses_leaves_the_numbers_logged(
+    offline: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = build_sink("wandb", {"mode": "offline", "dir": "wb"}, SinkContext(), os.environ)
+    assert isinstance(sink, WandbSink)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ValueError("no tables today")
+
+    monkeypatch.setattr(sink._wandb, "Table", refuse)
+    record = samples_record()
+    with caplog.at_level(logging.WARNING, logger="rlpulse.collector.sinks.samples_view"):
+        _write(sink, [record])  # write() does not raise: the fan-out would retry the numbers
+    assert sink.samples_failed == 2
+    assert "no tables today" in caplog.text
+    (run_file,) = (offline / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert _history(run_file) == {0: dict(record.metrics)}
