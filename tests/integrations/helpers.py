@@ -47,3 +47,26 @@ def readme_block(heading: str, lang: str = "python", index: int = 0) -> str:
     README's verl and TRL sections moved (the README keeps their first blocks, kept equal to
     these by tests/integration/test_readme_commands.py)."""
     return doc_block(INTEGRATIONS_DOC, heading, lang, index)
+
+
+def samples_supported() -> bool:
+    """Whether this tree's producer takes a ``Samples`` value (issue 41's producer change); a
+    producer without it counts the value as invalid in ``log()``."""
+    from rlpulse.producer import Producer, ProducerConfig, Samples
+
+    probe = Producer(
+        "tcp://127.0.0.1:9",  # nothing listens: the probe sends nothing
+        run="probe",
+        role="probe",
+        rank=0,
+        world_size=1,
+        config=ProducerConfig(close_timeout_s=0.1),
+    )
+    try:
+        probe.log({"probe/samples": Samples([{"score": 1.0}], key="score")}, step=0)
+        return probe.stats()["invalid"] == 0
+    finally:
+        probe.close()
+
+
+NO_SAMPLES = "this tree's producer does not take Samples yet (issue 41, engineer A's change)"

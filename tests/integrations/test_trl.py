@@ -25,7 +25,12 @@ pytest.importorskip(
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.reductions import Stat
 from tests.integrations.grpo_job import ROOT, load_example, recording
-from tests.integrations.helpers import jsonl_collector, readme_block, records
+from tests.integrations.helpers import (
+    jsonl_collector,
+    readme_block,
+    records,
+    samples_supported,
+)
 from tests.support.net import free_port
 
 PER_PROCESS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
@@ -171,6 +176,15 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
     assert (
         max(abs(d["entropy"]["trl"] - d["entropy"]["truth"]) for d in differences.values()) > 1e-4
     )
+    if samples_supported():  # each process logs its own completions (TRL gathered them all)
+        counts = {step: r["metrics"].get(M.ROLLOUT_SAMPLES.name) for step, r in got.items()}
+        # A generation every 2 optimizer steps (PROOF: 4 micro-batches of 4 per generation and
+        # process), 16 rows per process: 32 rows, not 64 (no process logs another's rows).
+        assert counts == {1: 32.0, 2: None, 3: 32.0, 4: None}
+        for step in (1, 3):
+            samples = got[step]["samples"][M.ROLLOUT_SAMPLES.name]
+            assert {r["rank"] for r in samples["random"]} == {0, 1}
+            assert samples["top"][0]["reward"] >= samples["bottom"][0]["reward"]
 
 
 def readme_commands() -> list[str]:

@@ -16,6 +16,12 @@ process logs ``loss``, ``entropy``, ``kl`` and ``clip_ratio/*_mean`` of each tra
 micro-batch as mergeable states, the collector pools them over the step's tokens (or
 sequences), and the main process leaves TRL's averaged values of those names out. No subclass.
 
+With ``samples=True`` (the default) every process also logs its own completions of each
+training generation, the rows TRL already keeps for ``log_completions`` (prompt, response,
+reward, advantage, per-function rewards), as ``Samples`` under ``rollout/samples``
+(:mod:`rlpulse.producer.integrations.trl_samples`): the collector keeps the step's best, worst
+and a uniform random few over every process.
+
 Every process's producer (``callback.producer``) is there for metrics of your own logged from
 the training step itself, e.g. ``Masked(advantages, completion_mask)`` in ``compute_loss``: the
 collector pools them over every process's tokens. A step ``k`` is finished on every process
@@ -45,6 +51,7 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.config import DEFAULT, ProducerConfig
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 from rlpulse.producer.integrations.trl_loss import LossHook
+from rlpulse.producer.integrations.trl_samples import SamplesHook
 
 log = logging.getLogger("rlpulse.integrations.trl")
 
@@ -60,6 +67,9 @@ class RlpulseCallback(TrainerCallback):
       (:mod:`~rlpulse.producer.integrations.trl_loss`; default True). On a TRL version the hook
       was not tested with, ``GRPOTrainer.train()`` stops at start naming the version (pass False
       there); other trainers are not hooked.
+    * ``samples``: log each process's completions of every training generation as
+      ``rollout/samples`` (:mod:`~rlpulse.producer.integrations.trl_samples`; default True;
+      ``GRPOTrainer`` and ``RLOOTrainer`` only).
     * ``worker_side``: metrics the processes log exactly themselves; the main process leaves
       TRL's value of them out (the ``exact`` names are added).
     * ``config_dir``: where the run's configuration (the training arguments and the model's
@@ -79,6 +89,7 @@ class RlpulseCallback(TrainerCallback):
         role: str = "trl",
         expected_roles: Mapping[str, int] | None = None,
         exact: bool = True,
+        samples: bool = True,
         worker_side: Iterable[str] = (),
         config_dir: str | None = "runs/{run}",
         producer_config: ProducerConfig = DEFAULT,
@@ -91,13 +102,15 @@ class RlpulseCallback(TrainerCallback):
         self.role = role
         self.expected_roles = dict(expected_roles or {})
         self.exact = exact
+        self.samples = samples
         self.worker_side = tuple(worker_side)
         self.config_dir = config_dir
         self.producer_config = producer_config
         self._factory = producer_factory
         self._producer: Producer | None = None
         self._stream: DriverStream | None = None
-        self._detach: Callable[[], None] | None = None
+        self._detach: list[Callable[[], None]] = []
+        self._samples: SamplesHook | None = None
         self.exact_names: tuple[str, ...] = ()
         """The names logged per micro-batch (empty until training begins, or not hooked)."""
         self.config_path: Path | None = None
@@ -108,8 +121,10 @@ class RlpulseCallback(TrainerCallback):
         return self._producer
 
     def stats(self) -> dict[str, int]:
-        """The main process's driver-stream counts (empty on the other processes)."""
-        return self._stream.stats() if self._stream is not None else {}
+        """The main process's driver-stream counts (empty on the other processes), and this
+        process's samples counts (``samples_logged``, ``samples_failed``) once hooked."""
+        out = self._stream.stats() if self._stream is not None else {}
+        return {**out, **(self._samples.stats() if self._samples is not None else {})}
 
     # ------------------------------------------------------------------ Trainer events
 
@@ -123,8 +138,8 @@ class RlpulseCallback(TrainerCallback):
         if self._producer is not None:
             return
         run = self.run or args.run_name or Path(args.output_dir or "trl").name
-        trainer = self._trainer() if self.exact else None
-        hook = LossHook.for_trainer(trainer) if trainer is not None else None
+        trainer = self._trainer() if self.exact or self.samples else None
+        hook = LossHook.for_trainer(trainer) if trainer is not None and self.exact else None
         self._producer = self._factory(
             self.address,
             run=run,
@@ -137,7 +152,10 @@ class RlpulseCallback(TrainerCallback):
         )
         if hook is not None:
             self.exact_names = hook.names()
-            self._detach = hook.attach(trainer, self._producer, self._exact_failed)
+            self._detach.append(hook.attach(trainer, self._producer, self._exact_failed))
+        if self.samples and trainer is not None and SamplesHook.fits(trainer):
+            self._samples = SamplesHook(self._producer)
+            self._detach.append(self._samples.attach(trainer))
         if state.is_world_process_zero:
             self._stream = DriverStream(
                 self._producer, worker_side=(*self.worker_side, *self.exact_names)
@@ -182,8 +200,8 @@ class RlpulseCallback(TrainerCallback):
         control: TrainerControl,
         **kwargs: Any,
     ) -> None:
-        detach, self._detach = self._detach, None
-        if detach is not None:
+        detachers, self._detach = self._detach, []
+        for detach in detachers:
             detach()
         producer, self._producer = self._producer, None
         if producer is not None:

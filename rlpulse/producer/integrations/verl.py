@@ -28,6 +28,8 @@ the driver leaves its own approximations of those names out (a mean over data-pa
 each rank's micro-batch means). ``RLPULSE_VERL_EXACT=0`` in the job's environment turns that
 off. For metrics of your own, :func:`worker_producer` gives a verl worker its producer, and
 ``rlpulse.trainer.rlpulse.worker_side`` names them so the driver leaves its approximation out.
+verl's validation generations (``trainer.log_val_generations=N``) go out as ``val/samples``
+(:mod:`rlpulse.producer.integrations.verl_samples`).
 
 >>> from rlpulse.producer.integrations import verl as rlpulse_verl
 >>> # rlpulse_verl.register(); Tracking("proj", "run-1", ["console", "rlpulse"], config=cfg)
@@ -49,6 +51,7 @@ from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 from rlpulse.producer.integrations.verl_compat import check
 from rlpulse.producer.integrations.verl_loss import META_KEY, STEP_KEY, LossHook
+from rlpulse.producer.integrations.verl_samples import ValGenerations, install, uninstall
 from rlpulse.producer.integrations.verl_states import REDUCTIONS, exact_names
 from rlpulse.schemas.errors import ConfigError
 
@@ -196,7 +199,7 @@ class RlpulseBackend:
         if _LOSS_HOOK is not None and workers_hooked():  # they log these exactly (verl_loss)
             worker_side += exact_names(dict(config or {}))
         self.stream = DriverStream(self.producer, worker_side=worker_side)
-        self.project_name = project_name
+        self.generations = ValGenerations.open(project_name, experiment_name, self.producer)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl's ``Tracking.log`` calls this with every metric of a step."""
@@ -206,6 +209,7 @@ class RlpulseBackend:
         """Send what is queued, wait for the collector's acknowledgement (at most
         ``rlpulse.producer.close_timeout_s``) and close. A step is emitted when the next one starts or
         here, when the driver says it is done."""
+        self.generations.close()
         self.producer.close()
         stats = self.producer.stats()
         lost = stats["unacked"] + stats["dropped_send"]
@@ -213,8 +217,8 @@ class RlpulseBackend:
             log.warning("rlpulse: %d messages of run %r not acknowledged", lost, self.settings.run)
 
     def stats(self) -> dict[str, int]:
-        """The driver stream's counts and the producer's."""
-        return {**self.stream.stats(), **self.producer.stats()}
+        """The driver stream's counts, the validation samples' and the producer's."""
+        return {**self.stream.stats(), **self.generations.stats(), **self.producer.stats()}
 
 
 def register(environ: MutableMapping[str, str] = os.environ) -> None:
@@ -242,6 +246,7 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
         hook = LossHook(producer_for=_hook_producer, batch_meta=batch_meta)
         hook.install()
         _LOSS_HOOK = hook
+    install()  # verl's validation generations (verl_samples)
     if _MARK in vars(Tracking):
         return
     original_init, original_finish = Tracking.__init__, Tracking.finish
@@ -284,6 +289,7 @@ def unregister() -> None:
     if _LOSS_HOOK is not None:
         _LOSS_HOOK.uninstall()
         _LOSS_HOOK = None
+    uninstall()
     originals = vars(Tracking).get(_MARK)
     if originals is None:
         return
