@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlpulse-installed
 # bench: RL-Insight, benchmarked against in benchmarks/rl_insight.py (adds only omegaconf).
 EXTRAS := trainer,trackers,report,dev,serve,bench
-# verl and TRL (tests/integrations) live in an environment of their own: verl 0.9.1 pins
+# verl and TRL (tests/frameworks) live in an environment of their own: verl 0.9.1 pins
 # transformers<5.11, older than the trainer's, so they cannot share .venv.
 IVENV := .venv-integrations
 IPY := $(IVENV)/bin/python

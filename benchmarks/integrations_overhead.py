@@ -1,6 +1,6 @@
 """TRL with and without rlpulse: step time, and TRL's own loss metrics against the truth.
 
-A real ``GRPOTrainer`` (the tiny CPU job of ``tests/integrations/grpo_job.py``) runs under
+A real ``GRPOTrainer`` (the tiny CPU job of ``tests/frameworks/grpo_job.py``) runs under
 ``torchrun --nproc_per_node 2``, in turn with no callback (``off``), with
 ``RlpulseCallback(exact=False)`` (TRL's values only, ``driver``) and with ``RlpulseCallback()``
 (``on``), streaming to a real collector, ``--rounds`` times each. Per
@@ -15,7 +15,7 @@ noisy, so the hook's own cost per micro-batch is also timed in process (``hook_c
 Writes ``benchmarks/results/integrations_overhead.json``.
 
 ``--framework verl`` measures verl the same way: verl's own actor and critic updates on two
-data-parallel ranks through ``run_ppo`` on Ray (``tests/integrations/verl_loss_job.py``: verl's
+data-parallel ranks through ``run_ppo`` on Ray (``tests/frameworks/verl_loss_job.py``: verl's
 ``_update_actor``/``_update_critic``, ``ppo_loss``/``value_loss`` on verl's micro-batches; the
 model's outputs given, as verl has no CPU engine), with no setup hook (``off``), with the
 hook and ``RLPULSE_VERL_EXACT=0`` (verl's values only, ``driver``) and with the hook (``on``).
@@ -43,7 +43,7 @@ from typing import Any
 from benchmarks.common import free_port, median, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "tests" / "integrations" / "grpo_job.py"
+JOB = ROOT / "tests" / "frameworks" / "grpo_job.py"
 MODES = ("off", "driver", "on")
 """No callback; ``RlpulseCallback(exact=False)`` (TRL's values only); ``RlpulseCallback()``."""
 EXACT = ("loss", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
@@ -182,7 +182,7 @@ def verl_hook_cost(address: str, calls: int = 300) -> dict[str, float]:
     from rlpulse.producer.client import Producer
     from rlpulse.producer.integrations.verl_loss import LossHook
     from rlpulse.producer.integrations.verl_states import REDUCTIONS
-    from tests.integrations.verl_loss_job import (
+    from tests.frameworks.verl_loss_job import (
         OVERRIDES,
         critic_config,
         local_micro_batches,
@@ -240,7 +240,7 @@ def _collector(prefix: str) -> Iterator[tuple[Path, Path, str]]:
 
 
 def verl_main(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.integrations.verl_loss_job import EXACT, SETUP_HOOK, run_job
+    from tests.frameworks.verl_loss_job import EXACT, SETUP_HOOK, run_job
 
     times: dict[str, list[float]] = {mode: [] for mode in VERL_MODES}
     exact: dict[str, Any] = {}

@@ -69,7 +69,7 @@ def gpu_test_files() -> list[str]:
     tracker; these need only what the GPU machine has and the stage brings)."""
     files = []
     for path in sorted((REPO / "tests").rglob("test_*.py")):
-        if "integrations" in path.parts:
+        if "frameworks" in path.parts:  # verl and TRL: their own environment
             continue
         if "pytest.mark.gpu" in path.read_text():
             files.append(str(path.relative_to(REPO)))

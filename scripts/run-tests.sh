@@ -2,14 +2,14 @@
 # Run the test suite (arguments go to pytest) inside a loopback-only network namespace when
 # possible (see in-netns.sh).
 #
-# tests/integrations (verl and TRL) run in their own environment, .venv-integrations
+# tests/frameworks (verl and TRL) run in their own environment, .venv-integrations
 # (`make install-integrations`): verl 0.9.1 pins transformers<5.11, older than the trainer's,
 # so the two cannot share .venv. Without test paths both suites run, one after the other; test
 # paths go to the suite they belong to. Options go to both. Without .venv-integrations, the
 # integration tests run in .venv, where the verl and TRL ones skip saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-INTEG=tests/integrations
+INTEG=tests/frameworks
 options=() main=() integ=()
 for arg in "$@"; do
   case "${arg%%::*}" in
@@ -39,7 +39,7 @@ if [[ ${#main[@]} -gt 0 ]]; then
 fi
 if [[ ${#integ[@]} -gt 0 ]]; then
   code=0
-  echo "== tests/integrations in ${integ_python%/bin/python} ==" >&2
+  echo "== tests/frameworks in ${integ_python%/bin/python} ==" >&2
   scripts/in-netns.sh "$integ_python" -m pytest ${options[@]+"${options[@]}"} "${integ[@]}" || code=$?
   codes+=("$code")
 fi

@@ -100,7 +100,7 @@ def test_the_slim_ray_wheel_is_whole_without_what_ray_init_never_loads(manifest:
 def test_the_gpu_tests_are_found() -> None:
     files = gpu_check.gpu_test_files()
     assert "tests/producer/test_gpu.py" in files
-    assert all(f.startswith("tests/") and "integrations" not in f for f in files)
+    assert all(f.startswith("tests/") and "frameworks" not in f for f in files)
 
 
 @pytest.mark.timeout(180)

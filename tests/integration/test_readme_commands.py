@@ -151,7 +151,7 @@ SKIPPED = {
     "wheel and installs it, extras and all, into a fresh environment",
     "python -m verl.trainer.main_ppo": "needs verl and GPUs; it is docs/integrations.md's "
     "command word for word (test_the_readme_integration_blocks_are_the_tested_ones), which "
-    "tests/integrations/test_verl.py runs",
+    "tests/frameworks/test_verl.py runs",
 }
 """A README shell block not run here, by its first line's start: why, and what covers it."""
 
@@ -318,7 +318,7 @@ def test_the_collector_with_no_config_is_what_the_readme_says(tmp_path: Path) ->
 
 def test_the_readme_integration_blocks_are_the_tested_ones() -> None:
     """The README's verl command and TRL callback are docs/integrations.md's, which
-    tests/integrations runs as written."""
+    tests/frameworks runs as written."""
     integrations = "docs/integrations.md"
     verl = doc_block("README.md", "## Attaching verl or TRL", "bash")
     trl = doc_block("README.md", "## Attaching verl or TRL", "python")

@@ -24,8 +24,8 @@ pytest.importorskip(
 
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.reductions import Stat
-from tests.integrations.grpo_job import ROOT, load_example, recording
-from tests.integrations.helpers import (
+from tests.frameworks.grpo_job import ROOT, load_example, recording
+from tests.frameworks.helpers import (
     jsonl_collector,
     readme_block,
     records,
@@ -139,7 +139,7 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
             "--nproc_per_node=2",
             "--master_addr=127.0.0.1",
             f"--master_port={free_port()}",
-            str(ROOT / "tests" / "integrations" / "grpo_job.py"),
+            str(ROOT / "tests" / "frameworks" / "grpo_job.py"),
             str(tmp_path),
             run,
         ]

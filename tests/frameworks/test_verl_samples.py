@@ -20,8 +20,8 @@ from rlpulse.producer import Samples
 from rlpulse.producer.integrations import verl as rlpulse_verl
 from rlpulse.producer.integrations.verl_samples import ValGenerations, val_rows
 from rlpulse.schemas import metrics as M
-from tests.integrations.helpers import NO_SAMPLES, jsonl_collector, records, samples_supported
-from tests.integrations.verl_loss_job import stub_rollout_server_modules
+from tests.frameworks.helpers import NO_SAMPLES, jsonl_collector, records, samples_supported
+from tests.frameworks.verl_loss_job import stub_rollout_server_modules
 
 stub_rollout_server_modules()  # ray_trainer's rollout server imports, unused here
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # noqa: E402

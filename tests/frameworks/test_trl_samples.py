@@ -22,8 +22,8 @@ from rlpulse.producer import Samples
 from rlpulse.producer.integrations.trl import RlpulseCallback
 from rlpulse.producer.integrations.trl_samples import SamplesHook
 from rlpulse.schemas import metrics as M
-from tests.integrations.grpo_job import load_example
-from tests.integrations.helpers import NO_SAMPLES, jsonl_collector, records, samples_supported
+from tests.frameworks.grpo_job import load_example
+from tests.frameworks.helpers import NO_SAMPLES, jsonl_collector, records, samples_supported
 
 WEIGHTS = [1.0, 0.5]
 NAME = M.ROLLOUT_SAMPLES.name

@@ -27,8 +27,8 @@ from rlpulse.producer.integrations import verl as rlpulse_verl
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.reductions import Stat
-from tests.integrations.helpers import ROOT, jsonl_collector, readme_block, records
-from tests.integrations.verl_job import driver_metrics
+from tests.frameworks.helpers import ROOT, jsonl_collector, readme_block, records
+from tests.frameworks.verl_job import driver_metrics
 
 
 @pytest.fixture
@@ -212,7 +212,7 @@ def test_main_ppo_path_through_rays_setup_hook(tmp_path) -> None:
     from hydra import compose, initialize_config_module
     from verl.trainer.main_ppo import run_ppo
 
-    from tests.integrations.verl_job import ProbeTaskRunner
+    from tests.frameworks.verl_job import ProbeTaskRunner
 
     probe = tmp_path / "probe.json"
     with jsonl_collector(tmp_path) as (collector, out):
@@ -281,7 +281,7 @@ def test_a_driver_registering_after_its_workers_loses_no_step(tmp_path) -> None:
     from hydra import compose, initialize_config_module
     from verl.trainer.main_ppo import run_ppo
 
-    from tests.integrations.verl_job import CLIPPED, LateDriverTaskRunner
+    from tests.frameworks.verl_job import CLIPPED, LateDriverTaskRunner
 
     probe = tmp_path / "probe.json"
     with jsonl_collector(tmp_path) as (collector, out):
@@ -350,7 +350,7 @@ def test_verls_loss_metrics_are_exact_from_its_workers_with_the_setup_hook_alone
     """The README's command and nothing else: verl's actor and critic updates on two ranks with
     ragged micro-batches; every rank's loss functions log their micro-batches, the collector
     pools them to the token truth, and the driver's own values of those names are left out."""
-    from tests.integrations.verl_loss_job import EXACT, run_job
+    from tests.frameworks.verl_loss_job import EXACT, run_job
 
     with jsonl_collector(tmp_path) as (collector, out):
         result = run_job(tmp_path, "verl-exact-loss", 2, readme_overrides(), collector.address)
@@ -428,7 +428,7 @@ def test_the_hook_logs_each_micro_batch_from_verls_own_tensors_and_reads_nothing
 
     from rlpulse.producer.integrations import verl_loss
     from rlpulse.producer.values import Fraction
-    from tests.integrations.verl_loss_job import (
+    from tests.frameworks.verl_loss_job import (
         OVERRIDES,
         critic_config,
         local_micro_batches,

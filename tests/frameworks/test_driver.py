@@ -17,7 +17,7 @@ from rlpulse.producer.integrations.driver import DriverStream, as_number, save_r
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.reductions import Stat
-from tests.integrations.helpers import ROOT, jsonl_collector, records
+from tests.frameworks.helpers import ROOT, jsonl_collector, records
 
 SCORE = M.CRITIC_SCORE.output_names()
 
