@@ -75,6 +75,11 @@ SINK_METRICS: tuple[SelfMetric, ...] = (
         key="lost",
     ),
     SelfMetric(
+        "rlpulse_sink_samples_failed_total",
+        "Steps whose samples a sink could not write (their numbers were written).",
+        key="samples_failed",
+    ),
+    SelfMetric(
         "rlpulse_sink_lag_seconds",
         "Age of the oldest step still waiting in a sink's queue.",
         "gauge",

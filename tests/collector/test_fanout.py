@@ -139,3 +139,28 @@ def test_backlog_with_the_outbox_is_what_the_sink_has_not_written(tmp_path) -> N
     assert worker.backlog() == 0
     assert fan.close() == []
     durable.close()
+
+
+class SamplesFailing(Recording):
+    """A tracker that wrote the numbers of two steps but not their samples."""
+
+    samples_failed = 2
+
+
+def test_a_sinks_samples_failures_are_counted_on_metrics() -> None:
+    from rlpulse.collector.health import Health
+    from rlpulse.collector.sinks.base import SinkContext
+    from rlpulse.collector.sinks.prometheus import PrometheusSink
+    from tests.support.prom import scrape_registry
+
+    fan = FanOut({"tb": SamplesFailing(), "plain": Recording()}, CollectorConfig(sink_close_s=5))
+    fan.start()
+    health = Health(sinks=fan.stats)
+    prom = PrometheusSink.from_kwargs({"port": 0}, SinkContext(health=health.snapshot))
+    try:
+        got = scrape_registry(prom.registry)
+    finally:
+        prom.close()
+        fan.close()
+    assert got[("rlpulse_sink_samples_failed_total", frozenset({("sink", "tb")}))] == 2
+    assert got[("rlpulse_sink_samples_failed_total", frozenset({("sink", "plain")}))] == 0

@@ -122,6 +122,9 @@ class SinkWorker:
             "dropped": self.dropped,
             "lost": self.reader.lost if self.reader is not None else 0,
             "lag_seconds": lag,
+            # A tracker that could not write a step's samples wrote its numbers (the sink
+            # counts the failure; sinks without samples report none).
+            "samples_failed": getattr(self.sink, "samples_failed", 0),
         }
 
     def _backoff(self, attempt: int) -> float:
