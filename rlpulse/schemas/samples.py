@@ -231,6 +231,10 @@ def empty(key: str, k: int) -> SampleState:
     return SampleState(key, k, (), (), ())
 
 
+CHUNK = 4096
+"""Rows checked before the kept sets are cut back to ``k``: memory ``O(k + CHUNK)`` rows."""
+
+
 def reduce_rows(
     rows: Iterable[Any],
     key: str,
@@ -240,15 +244,15 @@ def reduce_rows(
     keys: Callable[[], int] = KEYS,
 ) -> SampleState:
     """One rank's rows reduced to a state: each row checked and bounded, given a random key,
-    and only the top, bottom and random ``k`` kept (memory ``O(k)``, time ``O(n log k)``)."""
+    and only the top, bottom and random ``k`` kept. Rows are taken ``CHUNK`` at a time, each
+    chunk cut back to the three sets with ``heapq.nsmallest`` (memory ``O(k + CHUNK)``)."""
     role, rank = origin
     dropped = cut = n = 0
     k = limits.k
-    # Min-heaps of the k best, the k worst and the k smallest random keys; the row's position
-    # breaks a (negligible) tie of random keys, so rows themselves are never compared.
-    top: list[tuple[Any, ...]] = []
-    bottom: list[tuple[Any, ...]] = []
-    rand: list[tuple[Any, ...]] = []
+    top: list[SampleRow] = []
+    bottom: list[SampleRow] = []
+    rand: list[SampleRow] = []
+    chunk: list[SampleRow] = []
     for raw in rows:
         checked = clean_row(raw, key, limits)
         if checked is None:
@@ -256,29 +260,30 @@ def reduce_rows(
             continue
         fields, value, cuts = checked
         cut += cuts
-        n += 1
-        row = SampleRow(keys(), value, role, rank, fields)
-        _push(top, (value, -row.rkey, -n, row), k)
-        _push(bottom, (-value, -row.rkey, -n, row), k)
-        _push(rand, (-row.rkey, -n, row), k)
-    return SampleState(
-        key,
-        k,
-        tuple(sorted((e[-1] for e in top), key=_best)),
-        tuple(sorted((e[-1] for e in bottom), key=_worst)),
-        tuple(sorted((e[-1] for e in rand), key=_rkey)),
-        n,
-        dropped,
-        cut,
+        chunk.append(SampleRow(keys(), value, role, rank, fields))
+        if len(chunk) >= CHUNK:
+            n += len(chunk)
+            top, bottom, rand = _keep(k, top, bottom, rand, chunk)
+            chunk = []
+    n += len(chunk)
+    top, bottom, rand = _keep(k, top, bottom, rand, chunk)
+    return SampleState(key, k, tuple(top), tuple(bottom), tuple(rand), n, dropped, cut)
+
+
+def _keep(
+    k: int,
+    top: list[SampleRow],
+    bottom: list[SampleRow],
+    rand: list[SampleRow],
+    chunk: list[SampleRow],
+) -> tuple[list[SampleRow], list[SampleRow], list[SampleRow]]:
+    """The three sets of ``k`` over the sets so far and ``chunk`` (ties in the key broken by
+    the random key, as :meth:`SampleState.merge` does)."""
+    return (
+        heapq.nsmallest(k, (*top, *chunk), key=_best),
+        heapq.nsmallest(k, (*bottom, *chunk), key=_worst),
+        heapq.nsmallest(k, (*rand, *chunk), key=_rkey),
     )
-
-
-def _push(heap: list[Any], item: tuple[Any, ...], k: int) -> None:
-    """Keep the ``k`` largest items (by their leading sort fields) in a min-heap."""
-    if len(heap) < k:
-        heapq.heappush(heap, item)
-    elif item[:-1] > heap[0][:-1]:
-        heapq.heapreplace(heap, item)
 
 
 def clean_row(
@@ -286,11 +291,15 @@ def clean_row(
 ) -> tuple[dict[str, FieldValue], float, int] | None:
     """A row's fields as the wire carries them, its key value and how many texts were cut; or
     None for a bad row (not a mapping of string names; a key missing or not a finite number;
-    a value that is not a string, number, boolean or None; too many fields)."""
-    if not isinstance(raw, Mapping) or len(raw) > limits.row_fields:
+    a value that is not a string, number, boolean or None; too many fields).
+
+    The sender runs this for every row: exact types are tested first (``type(v) is str``),
+    subclasses and numpy or torch scalars only when those fail."""
+    if (type(raw) is not dict and not isinstance(raw, Mapping)) or len(raw) > limits.row_fields:
         return None
     value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    kind = type(value)
+    if kind is not float and kind is not int:
         value = _number(value)
         if value is None:
             return None
@@ -299,20 +308,45 @@ def clean_row(
         return None
     fields: dict[str, FieldValue] = {}
     cuts = 0
+    limit = limits.field_bytes
+    short = limit // 4  # a text of at most this many characters fits: UTF-8 is <= 4 bytes each
     for name, v in raw.items():
-        if not isinstance(name, str):
+        if type(name) is not str and not isinstance(name, str):
             return None
-        if isinstance(v, str):
-            v, was_cut = cut_text(v, limits.field_bytes)
-            cuts += was_cut
-        elif v is not None and not isinstance(v, bool | int | float):
-            v = _number(v)
-            if v is None:
+        kind = type(v)
+        if kind is str:
+            if len(v) > short:
+                v, was_cut = cut_text(v, limit)
+                cuts += was_cut
+        elif kind is float or kind is bool or v is None:
+            pass
+        elif kind is int:
+            if not -(2**63) <= v < 2**64:
                 return None
-        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
-            return None
+        else:
+            checked = _other(v, limit)
+            if checked is None:
+                return None
+            v, was_cut = checked
+            cuts += was_cut
         fields[name] = v
     return fields, value, cuts
+
+
+def _other(v: Any, limit: int) -> tuple[FieldValue, bool] | None:
+    """A field value of another type than ``str``, ``float``, ``int``, ``bool`` or None: a
+    subclass of those as its base value, a numpy or torch scalar as a Python number; None for
+    anything else (the row is bad)."""
+    if isinstance(v, str):
+        return cut_text(str(v), limit)
+    if isinstance(v, bool):
+        return bool(v), False
+    if isinstance(v, int):
+        return (int(v), False) if -(2**63) <= v < 2**64 else None
+    if isinstance(v, float):
+        return float(v), False
+    number = _number(v)
+    return None if number is None else (number, False)
 
 
 def _number(v: Any) -> float | int | None:
