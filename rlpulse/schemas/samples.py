@@ -297,13 +297,12 @@ def clean_row(
     subclasses and numpy or torch scalars only when those fail."""
     if (type(raw) is not dict and not isinstance(raw, Mapping)) or len(raw) > limits.row_fields:
         return None
-    value = raw.get(key)
-    kind = type(value)
-    if kind is not float and kind is not int:
-        value = _number(value)
-        if value is None:
-            return None
-    value = float(value)
+    found = raw.get(key)
+    kind = type(found)
+    number = found if kind is float or kind is int else _number(found)
+    if number is None:
+        return None
+    value = float(number)
     if not math.isfinite(value):
         return None
     fields: dict[str, FieldValue] = {}
