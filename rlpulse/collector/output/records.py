@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rlpulse.collector.health import Health
 from rlpulse.collector.output.derived import Throughput
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
+from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
 from rlpulse.collector.runs.steps import StepState
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import stragglers
-
-if TYPE_CHECKING:
-    from rlpulse.collector.runs.aggregator import Aggregator
 
 log = logging.getLogger("rlpulse.collector")
 Emit = Callable[[Any], None]
@@ -44,6 +42,10 @@ class RunView(Protocol):
     def members(self) -> Members: ...
 
     @property
+    def steps(self) -> Mapping[int, StepState]:
+        """The open steps, by step."""
+
+    @property
     def names(self) -> NameTable: ...
 
     def read(self, state: StepState) -> tuple[dict[str, float], dict[str, str]]:
@@ -57,6 +59,21 @@ class RunView(Protocol):
 
     def overcounted(self, state: StepState) -> set[Slot]:
         """Roles with more contributing processes than ranks, as slots ``(role, -1)``."""
+
+
+class Host(Protocol):
+    """What an output's hooks (``before`` ... ``restore``) use of the aggregator that calls
+    them (``rlpulse.collector.runs.aggregator.Aggregator``): its runs, read through
+    :class:`RunView`, their membership, and where records go. Not the aggregator itself."""
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def runs(self) -> Mapping[str, RunView]: ...
+
+    @property
+    def emit(self) -> Emit: ...
 
 
 class StepOutput(Protocol):
@@ -75,20 +92,20 @@ class StepOutput(Protocol):
         """``prod`` sent data for ``step``, already finished: the slots that had finished it,
         to open it again for the new data; None: the data is late (counted, dropped)."""
 
-    def before(self, agg: Aggregator, now: float) -> None:
+    def before(self, agg: Host, now: float) -> None:
         """Before the due steps are finished, at every poll."""
 
-    def after(self, agg: Aggregator, now: float | None) -> None:
+    def after(self, agg: Host, now: float | None) -> None:
         """After the due steps were finished: at every poll, and at the final flush (``now``
         None)."""
 
-    def note_emitted(self, agg: Aggregator, record: Any) -> None:
+    def note_emitted(self, agg: Host, record: Any) -> None:
         """Recovery: ``record`` (one this output emitted) is in the outbox already."""
 
-    def snapshot(self, agg: Aggregator, out: dict) -> None:
+    def snapshot(self, agg: Host, out: dict) -> None:
         """Add this output's state to the aggregator's checkpoint ``out``."""
 
-    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+    def restore(self, agg: Host, snapshot: Mapping) -> None:
         """Take this output's state back from a checkpoint."""
 
 
@@ -153,20 +170,20 @@ class StepRecords:
     def reopen(self, run: RunView, prod: ProducerInfo, step: int) -> set[Slot] | None:
         return None  # a step record went out: what comes now is late
 
-    def before(self, agg: Aggregator, now: float) -> None:
+    def before(self, agg: Host, now: float) -> None:
         pass
 
-    def after(self, agg: Aggregator, now: float | None) -> None:
+    def after(self, agg: Host, now: float | None) -> None:
         pass
 
-    def note_emitted(self, agg: Aggregator, record: StepRecord) -> None:
+    def note_emitted(self, agg: Host, record: StepRecord) -> None:
         """Continue the run's throughput window and cumulative totals from ``record``."""
         self._totals(record.run).resume(record.time, record.metrics)
 
-    def snapshot(self, agg: Aggregator, out: dict) -> None:
+    def snapshot(self, agg: Host, out: dict) -> None:
         for name, data in out["runs"].items():
             data.update(self._totals(name).snapshot())
 
-    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+    def restore(self, agg: Host, snapshot: Mapping) -> None:
         for name, data in snapshot.get("runs", {}).items():
             self._totals(name).restore(data)

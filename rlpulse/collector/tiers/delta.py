@@ -17,7 +17,7 @@ having run the steps its watermark covers (see :func:`apply_delta`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -31,8 +31,28 @@ from rlpulse.schemas.samples import encode as encode_samples
 from rlpulse.schemas.sketch import encode as encode_sketch
 
 if TYPE_CHECKING:
+    from rlpulse.collector.health import Health
+    from rlpulse.collector.intake.clock import ClockBound
     from rlpulse.collector.output.records import RunView
-    from rlpulse.collector.runs.aggregator import Aggregator
+    from rlpulse.collector.runs.membership import Membership
+    from rlpulse.collector.runs.run import Run
+
+
+class Root(Protocol):
+    """What the root side of the delta uses of the aggregator that received it
+    (``rlpulse.collector.runs.aggregator.Aggregator``): the membership, the counters, the
+    clock bound and the runs, by name."""
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def health(self) -> Health: ...
+
+    @property
+    def clock(self) -> ClockBound | None: ...
+
+    def run(self, name: str) -> Run: ...
 
 
 def step_entries(
@@ -76,7 +96,7 @@ def step_entries(
 
 
 def apply_delta(
-    agg: Aggregator,
+    agg: Root,
     relay: ProducerInfo,
     msg: protocol.Delta,
     now: float,
@@ -142,7 +162,7 @@ def apply_delta(
             member_run.advance(member, watermark, now)
 
 
-def _late_members(agg: Aggregator, relay: ProducerInfo, pids: list[int]) -> None:
+def _late_members(agg: Root, relay: ProducerInfo, pids: list[int]) -> None:
     """A relay's entry came late: each member merged in it lost an entry, told back to the
     relay (``Membership.relay_late``) so it tells the producer."""
     membership = agg.membership

@@ -33,19 +33,16 @@ import base64
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from rlpulse.collector.output.records import Emit, RunView
+from rlpulse.collector.output.records import Emit, Host, RunView
 from rlpulse.collector.runs.members import ProducerInfo, Slot
 from rlpulse.collector.runs.steps import StepState
 from rlpulse.collector.tiers.delta import step_entries
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import Member, Table, TableDecl
-
-if TYPE_CHECKING:
-    from rlpulse.collector.runs.aggregator import Aggregator
 
 log = logging.getLogger("rlpulse.collector.tiers.relay")
 FORWARDED_STEPS = 4096
@@ -162,18 +159,18 @@ class Relay:
 
     # ------------------------------------------------------------------ forwarding
 
-    def before(self, agg: Aggregator, now: float) -> None:
+    def before(self, agg: Host, now: float) -> None:
         self._now = now
         self._announce(agg, now)
 
-    def after(self, agg: Aggregator, now: float | None) -> None:
+    def after(self, agg: Host, now: float | None) -> None:
         """Forward every member's watermark that is safe to; at polls, a heartbeat when
         nothing went up for ``HEARTBEAT_S``."""
         self._catch_up_watermarks(agg)
         if now is not None and now - self._last_sent >= HEARTBEAT_S:
             self._send(agg.emit, RelayRecord("heartbeat"))
 
-    def _member(self, agg: Aggregator, prod: ProducerInfo, now: float) -> Member:
+    def _member(self, agg: Host, prod: ProducerInfo, now: float) -> Member:
         membership = agg.membership
         if prod.logs:
             expected = dict(membership.runs[prod.run].expected_roles)
@@ -194,7 +191,7 @@ class Relay:
             prod.resume,
         )
 
-    def _announce(self, agg: Aggregator, now: float) -> None:
+    def _announce(self, agg: Host, now: float) -> None:
         """Members new or changed (joined, presumed gone, back), and tables new: an
         announcement record, ahead of any delta that needs it."""
         changed = []
@@ -254,7 +251,7 @@ class Relay:
         record = RelayRecord("delta", seq=seq, run=run, step=step, message=message)
         self._send(emit, record)
 
-    def _catch_up_watermarks(self, agg: Aggregator) -> None:
+    def _catch_up_watermarks(self, agg: Host) -> None:
         """With nothing of a run left open here, every member's own watermark is safe to
         forward (its data is all upstream): the root then stops waiting for ranks that
         finished, or log nothing, at steps no one here logged."""
@@ -275,7 +272,7 @@ class Relay:
 
     # ------------------------------------------------------------------ durable state
 
-    def note_emitted(self, agg: Aggregator, record: Any) -> None:
+    def note_emitted(self, agg: Host, record: Any) -> None:
         """Recovery: what this record forwarded (or announced) is not done again."""
         if not isinstance(record, RelayRecord):
             return
@@ -302,7 +299,7 @@ class Relay:
         for pid, mark in delta.watermarks:
             forwarded.watermarks[pid] = max(forwarded.watermarks.get(pid, -1), mark)
 
-    def snapshot(self, agg: Aggregator, out: dict) -> None:
+    def snapshot(self, agg: Host, out: dict) -> None:
         out["relay"] = {
             "next_seq": self.next_seq,
             "tables": [[n, list(t.names), list(t.kinds)] for t, n in self.tables.items()],
@@ -316,7 +313,7 @@ class Relay:
             },
         }
 
-    def restore(self, agg: Aggregator, snapshot: Mapping) -> None:
+    def restore(self, agg: Host, snapshot: Mapping) -> None:
         data = snapshot.get("relay")
         if not data:
             return
