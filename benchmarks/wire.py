@@ -48,10 +48,11 @@ class Shape:
 
     def metrics(self, producer: int, seq: int, step: int, t: float) -> bytes:
         """Exactly ``protocol.encode_metrics(producer, seq, [pack_entry(step, t, 0, ...)],
-        done=step)``: six fields, the last the (empty) list of sketches."""
+        done=step)``: the tag and six fields, the last two the (empty) lists of sketches and
+        samples."""
         return b"".join(
             (
-                b"\x96\x16",
+                b"\x97\x16",
                 _pack_int(producer),
                 _pack_int(seq),
                 b"\x91\x95",
@@ -59,7 +60,7 @@ class Shape:
                 b"\xcb" + struct.pack(">d", t),
                 self._tail,
                 _pack_int(step),
-                b"\x90",  # no sketches
+                b"\x90\x90",  # no sketches, no samples
             )
         )
 
