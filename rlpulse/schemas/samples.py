@@ -226,11 +226,6 @@ def _wire_row(raw: Sequence[Any]) -> SampleRow:
     return SampleRow(rkey, float(key), role, rank, fields)
 
 
-def empty(key: str, k: int) -> SampleState:
-    """A state of no rows."""
-    return SampleState(key, k, (), (), ())
-
-
 CHUNK = 4096
 """Rows checked before the kept sets are cut back to ``k``: memory ``O(k + CHUNK)`` rows."""
 

@@ -159,3 +159,38 @@ class Harness:
 
     def by_run(self, run: str) -> list[StepRecord]:
         return [r for r in self.records if r.run == run]
+
+
+def through_a_restart(
+    order: Sequence[P.Message], checkpoint_at: float, crash_at: float
+) -> tuple[list[StepRecord], list[StepRecord]]:
+    """``order`` into a collector that checkpoints at fraction ``checkpoint_at`` of the
+    messages before the crash, crashes at fraction ``crash_at``, and is recovered as the
+    daemon does it: the checkpoint restored, the steps emitted since noted from the outbox,
+    the write-ahead log replayed from the oldest open step's first data. Then the rest.
+    Return what it emitted in all, and what a collector that never stopped emitted."""
+    end = int(crash_at * len(order))
+    c = int(checkpoint_at * end)
+
+    def feed(h: Harness, msgs: Sequence[P.Message], start: int) -> None:
+        for i, msg in enumerate(msgs, start):
+            h.agg.handle(msg, h.now, position=i)
+            h.agg.poll(h.now)
+
+    whole = Harness()
+    feed(whole, order, 0)
+    first = Harness()
+    feed(first, order[:c], 0)
+    snapshot, emitted_at_c = first.agg.snapshot(), len(first.records)
+    oldest = first.agg.oldest_position()
+    wal_from = c if oldest is None else int(oldest)  # type: ignore[call-overload]
+    feed(first, order[c:end], c)  # then it crashes
+    second = Harness()
+    second.agg.restore(snapshot, 0.0)
+    for record in first.records[emitted_at_c:]:  # in the sinks' outbox
+        second.agg.note_emitted(record)
+    for i in range(wal_from, end):
+        second.agg.handle(order[i], 0.0, position=i, replay=True)
+    second.agg.poll(0.0)
+    feed(second, order[end:], end)
+    return first.records + second.records, whole.records

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from rlpulse.collector.tiers.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
-from tests.collector.helpers import TIMING, Harness, hello, metrics, table
+from tests.collector.helpers import TIMING, Harness, hello, metrics, table, through_a_restart
 from tests.collector.tiers import Relay, Tiers
 
 ADV = M.CRITIC_ADVANTAGES.name
@@ -282,33 +282,7 @@ def test_a_collector_restarted_anywhere_emits_what_it_would_have(
     takes the rest: together it emits exactly what one that never stopped emits."""
     world, _, lives, _ = drawn
     order = [msg for msg, _ in arrivals(lives, world, random.Random(seed))]
-    k = int(crash_at * len(order))
-    c = int(checkpoint_at * k)
-
-    def feed(h: Harness, msgs: list[P.Message], start: int) -> None:
-        for i, msg in enumerate(msgs, start):
-            h.agg.handle(msg, h.now, position=i)
-            h.agg.poll(h.now)
-
-    whole = Harness()
-    feed(whole, order, 0)
-
-    first = Harness()
-    feed(first, order[:c], 0)
-    snapshot, emitted_at_c = first.agg.snapshot(), len(first.records)
-    oldest = first.agg.oldest_position()
-    wal_from = c if oldest is None else int(oldest)  # type: ignore[call-overload]
-    feed(first, order[c:k], c)  # then it crashes
-    second = Harness()
-    second.agg.restore(snapshot, 0.0)
-    for record in first.records[emitted_at_c:]:  # in the sinks' outbox
-        second.agg.note_emitted(record)
-    for i in range(wal_from, k):
-        second.agg.handle(order[i], 0.0, position=i, replay=True)
-    second.agg.poll(0.0)
-    feed(second, order[k:], k)
-
-    got, want = first.records + second.records, whole.records
+    got, want = through_a_restart(order, checkpoint_at, crash_at)
     assert [(r.step, r.partial, r.missing, r.ranks) for r in got] == [
         (r.step, r.partial, r.missing, r.ranks) for r in want
     ]

@@ -19,7 +19,7 @@ from rlpulse.collector.tiers.relay import HEARTBEAT_S
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.samples import SampleLimits, SampleState, encode, reduce_rows
-from tests.collector.helpers import TIMING, Harness, hello, table
+from tests.collector.helpers import TIMING, Harness, hello, table, through_a_restart
 from tests.collector.tiers import Relay, Tiers
 
 NAME = M.ROLLOUT_SAMPLES.name
@@ -165,34 +165,10 @@ def test_a_collector_restarted_from_its_state_gives_the_same_samples(
     are those of a collector that never stopped, row for row."""
     k, world = drawn
     order = interleaved(streams(k, world), random.Random(seed))
-    end = int(crash_at * len(order))
-    c = int(checkpoint_at * end)
-
-    def feed(h: Harness, msgs: list[P.Message], start: int) -> None:
-        for i, msg in enumerate(msgs, start):
-            h.agg.handle(msg, h.now, position=i)
-            h.agg.poll(h.now)
-
-    whole = Harness()
-    feed(whole, order, 0)
-    first = Harness()
-    feed(first, order[:c], 0)
-    snapshot, emitted_at_c = first.agg.snapshot(), len(first.records)
-    oldest = first.agg.oldest_position()
-    wal_from = c if oldest is None else int(oldest)  # type: ignore[call-overload]
-    feed(first, order[c:end], c)  # then it crashes
-    second = Harness()
-    second.agg.restore(snapshot, 0.0)
-    for record in first.records[emitted_at_c:]:
-        second.agg.note_emitted(record)
-    for i in range(wal_from, end):
-        second.agg.handle(order[i], 0.0, position=i, replay=True)
-    second.agg.poll(0.0)
-    feed(second, order[end:], end)
-    records = first.records + second.records
-    assert [r.step for r in records] == [r.step for r in whole.records] == [0]
+    records, want = through_a_restart(order, checkpoint_at, crash_at)
+    assert [r.step for r in records] == [r.step for r in want] == [0]
     assert {n: s.record() for n, s in records[0].samples.items()} == {
-        n: s.record() for n, s in whole.records[0].samples.items()
+        n: s.record() for n, s in want[0].samples.items()
     }
     check(records[0], k, world)
 
