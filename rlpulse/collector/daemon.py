@@ -228,6 +228,7 @@ class Collector:
         now = self._now()
         if not self._loop.stalled:
             self.aggregator.poll(now)
+            self.delivery.forget(self.aggregator.take_forgotten())
             self._release(now)
         if now >= self._discovery_due:
             self._discovery_due = now + PUBLISH_S

@@ -30,7 +30,7 @@ from rlpulse.collector.durability.durable import DurableState
 from rlpulse.collector.durability.outbox import OutboxReader
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
-from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.record import RunForgotten, StepRecord
 
 log = logging.getLogger("rlpulse.collector.output.fanout")
 _STOP = object()
@@ -67,7 +67,7 @@ class SinkWorker:
         self._stopping = threading.Event()
         self._busy_since: float | None = None
         self._ratelog = RateLimitedLog(log)
-        self._skip: Mapping[str, int] = {}
+        self._skip: dict[str, int] = {}
         self.written = 0
         self.errors = 0
         self.dropped = 0
@@ -79,7 +79,7 @@ class SinkWorker:
             # a write and its cursor update would otherwise duplicate one step). Only when the
             # outbox has a history (a restart): a new state_dir's steps are all new, even if
             # the file holds an earlier job's steps under the same run name.
-            self._skip = self.sink.written_through()
+            self._skip = dict(self.sink.written_through())
         self.thread.start()
 
     def put(self, record: StepRecord) -> None:
@@ -90,6 +90,8 @@ class SinkWorker:
         try:
             self._queue.put_nowait((self._clock(), record))
         except queue.Full:
+            if isinstance(record, RunForgotten):
+                return  # a stuck sink keeps the run's state a while longer: no step is lost
             self.dropped += 1
             self._ratelog.warn(
                 "full",
@@ -162,6 +164,9 @@ class SinkWorker:
             if item is _STOP:
                 return
             enqueued, record = item
+            if isinstance(record, RunForgotten):
+                self._forget(record.run)
+                continue
             self._busy_since = enqueued
             self._write(record, forever=False)
             self._busy_since = None
@@ -182,6 +187,10 @@ class SinkWorker:
                 self._notify.clear()
                 continue
             for position, emitted_at, record in batch:
+                if isinstance(record, RunForgotten):
+                    self._forget(record.run)
+                    reader.commit(position, record)
+                    continue
                 skip = self._skip.get(record.run)
                 if (skip is None or record.step > skip) and not reader.done(record):
                     self._busy_since = emitted_at - offset
@@ -189,6 +198,19 @@ class SinkWorker:
                         return  # stopping with a sink that still fails: resume here next start
                 reader.commit(position, record)
                 self._busy_since = None
+
+    def _forget(self, run: str) -> None:
+        """The collector forgot ``run`` (``RunForgotten``): so does the sink; a failure is
+        counted and logged, never fatal (the sink keeps the run's state, nothing else)."""
+        self._skip.pop(run, None)
+        forget = getattr(self.sink, "forget", None)  # sinks made outside rlpulse may not have it
+        if forget is None:
+            return
+        try:
+            forget(run)
+        except Exception as exc:
+            self.errors += 1
+            self._ratelog.warn("forget", f"sink {self.name}: forget({run!r}) failed: {exc!r}")
 
     def _idle(self) -> None:
         """A sink's ``idle()``, where it has one (a relay's upstream: its heartbeats), while

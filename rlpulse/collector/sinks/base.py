@@ -3,7 +3,8 @@
 A sink is one class in one file under ``collector/sinks/``. The collector builds it with
 ``from_kwargs(kwargs, ctx)`` at start-up (where bad kwargs raise :class:`ConfigError` naming the
 field, and a missing optional library raises one with the install hint), calls ``open()`` once,
-``write(record)`` for every emitted step in order, and ``close()`` once. Each sink runs on its
+``write(record)`` for every emitted step in order, and ``close()`` once; ``forget(run)`` when the collector forgets a run that ended (its state
+of the run may go). Each sink runs on its
 own worker thread (``rlpulse.collector.output.fanout``), so a slow sink delays nobody else; a sink may block
 and may raise, and the fan-out retries and counts its failures.
 """
@@ -83,6 +84,13 @@ class Sink(Protocol):
     def write(self, record: StepRecord) -> None: ...
 
     def close(self) -> None: ...
+
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (``run_retention_s`` after it ended): let go of what
+        is kept of it (open files, series, tracker runs). No step of it follows, unless the
+        run is resumed (then it is a run like any other). Sinks that keep nothing per run
+        need not implement it."""
+        return None
 
     def written_through(self) -> Mapping[str, int]:
         """Per run, the last step this sink's own output already holds, read back at start-up

@@ -8,7 +8,8 @@ the phase, with the step, the execute and GPU seconds in its ``args``, and on a 
 "steps" row one event per step from its first phase's start to its last phase's end.
 Timestamps are the ranks' wall clocks in microseconds.
 
-The file is appended to as steps are emitted and closed with ``]`` when the collector stops;
+The file is appended to as steps are emitted and closed with ``]`` when the collector stops
+or forgets the run (``run_retention_s`` after it ended);
 the format lets a viewer open it before that. A restarted collector reopens it (dropping the
 ``]``) and carries on after the last step it holds.
 """
@@ -171,11 +172,21 @@ class TraceSink(Sink):
                 out[run] = max(steps)
         return out
 
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (it ended): its file is closed, as at a stop."""
+        state = self._runs.pop(run, None)
+        if state is not None:
+            _close(state)
+
     def close(self) -> None:
-        for state in self._runs.values():
-            state.file.write(b"{}]\n")  # an empty object closes the trailing comma
-            state.file.close()
-        self._runs.clear()
+        runs, self._runs = self._runs, {}
+        for state in runs.values():
+            _close(state)
+
+
+def _close(state: _Run) -> None:
+    state.file.write(b"{}]\n")  # an empty object closes the trailing comma
+    state.file.close()
 
 
 def _run_name(path: Path) -> str | None:
