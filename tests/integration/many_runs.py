@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -153,3 +155,25 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def stopped_rank(address: str, run: str, steps: int, stats_path: str) -> None:
+    """Rank 1 of 2 of ``run``, in its own process: logs steps ``0..steps-1``, makes sure they
+    are delivered, then stops itself (SIGSTOP: a node paused, a process frozen) until the
+    test sends SIGCONT; then logs two steps more and closes, writing its ``stats()``."""
+    p = Producer(
+        address,
+        run=run,
+        role="actor_train",
+        rank=1,
+        world_size=2,
+        config=ProducerConfig(close_timeout_s=10.0),
+    )
+    for step in range(steps):
+        p.log({LOSS: float(step)}, step=step)
+    p.flush(10)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    for step in range(steps, steps + 2):
+        p.log({LOSS: float(step)}, step=step)
+    p.close()
+    Path(stats_path).write_text(json.dumps(p.stats()))

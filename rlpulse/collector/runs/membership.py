@@ -471,11 +471,13 @@ class Membership:
                 for p in kept.values()
                 if now - p.last_seen >= max(retention_s, self.liveness_s)
             ]:
-                del kept[pid]
+                prod = kept.pop(pid)
                 self._scraped.pop(pid, None)
                 self.health.forget_producer(pid)
                 if self.tombstones.run_of(pid) is None:
                     out.append(pid)
+                elif prod.late:  # told again if it comes back once more
+                    self.tombstones.late[pid] = prod.late
         self.tombstones.prune(now)
         out += self.tombstones.dropped
         self.tombstones.dropped = []
