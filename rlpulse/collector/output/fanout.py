@@ -18,6 +18,7 @@ cursor says where to resume next time).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -34,6 +35,8 @@ from rlpulse.schemas.record import RunForgotten, StepRecord
 
 log = logging.getLogger("rlpulse.collector.output.fanout")
 _STOP = object()
+_REOPEN = object()
+"""Wakes a worker waiting on its queue to reopen its sink's files (SIGHUP)."""
 BACKOFF_S = 0.1
 """First wait after a failed write; it doubles per attempt (with jitter) up to BACKOFF_MAX_S."""
 BACKOFF_MAX_S = 5.0
@@ -66,6 +69,8 @@ class SinkWorker:
         self._notify = threading.Event()
         self._stopping = threading.Event()
         self._busy_since: float | None = None
+        self._reopen = False
+        """SIGHUP asked the sink to reopen its files, before its next step."""
         self._ratelog = RateLimitedLog(log)
         self._skip: dict[str, int] = {}
         self.written = 0
@@ -97,6 +102,27 @@ class SinkWorker:
                 "full",
                 f"sink {self.name}: queue full (sink slow or stuck); dropped step {record.step} of run {record.run!r}",
             )
+
+    def reopen(self) -> None:
+        """Have the sink reopen its files (SIGHUP), on its own thread, between two steps."""
+        self._reopen = True
+        self._notify.set()
+        if self.reader is None:
+            with contextlib.suppress(queue.Full):  # busy: it reopens before its next step
+                self._queue.put_nowait((0.0, _REOPEN))
+
+    def _reopened(self) -> None:
+        if not self._reopen:
+            return
+        self._reopen = False
+        reopen = getattr(self.sink, "reopen", None)  # sinks made outside rlpulse may lack it
+        if reopen is None:
+            return
+        try:
+            reopen()
+        except Exception as exc:  # it writes where it is, or tries again at its next step
+            self.errors += 1
+            self._ratelog.warn("reopen", f"sink {self.name}: reopen failed: {exc!r}")
 
     def wake(self) -> None:
         """The outbox has new steps: read them now instead of at the next poll."""
@@ -164,6 +190,9 @@ class SinkWorker:
             if item is _STOP:
                 return
             enqueued, record = item
+            self._reopened()
+            if record is _REOPEN:
+                continue
             if isinstance(record, RunForgotten):
                 self._forget(record.run)
                 continue
@@ -176,6 +205,7 @@ class SinkWorker:
         assert reader is not None
         offset = time.time() - self._clock()  # outbox times are wall-clock
         while True:
+            self._reopened()
             batch = reader.read() if reader.available() else []
             if not batch:
                 if reader.unsaved:
@@ -292,6 +322,11 @@ class FanOut:
     def put(self, record: StepRecord) -> None:
         for worker in self.workers:
             worker.put(record)
+
+    def reopen(self) -> None:
+        """Every sink reopens its files before its next step (SIGHUP)."""
+        for worker in self.workers:
+            worker.reopen()
 
     def notify(self) -> None:
         """The outbox has new steps (after a commit)."""

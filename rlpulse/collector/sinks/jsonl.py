@@ -6,6 +6,10 @@ Each line is :meth:`StepRecord.to_json`:
 A write is a whole line or nothing: a failed one (a full disk) is cut back out of the file
 before the error is raised, so the fan-out's retry writes the step once, not a torn line and
 then the step again.
+
+Log rotation: a file renamed (``logrotate``'s default) is noticed at the next step, which goes
+to a new file at ``path`` (one ``stat`` per step: ``base.renamed``), and SIGHUP reopens the
+file at once (``reopen``). Either happens between two steps, so each step is in one file.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.collector.sinks.base import (
+    Sink,
+    SinkContext,
+    reject_unknown,
+    renamed,
+    required_path,
+)
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
 
@@ -57,17 +67,27 @@ class JsonlSink(Sink):
         if self._fd is not None:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._repair()
-            # Unbuffered: a line that fails is never left in a buffer to be written again.
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._dirty = None
+            self._open()
         except OSError as exc:
             raise ConfigError(
                 "tracker_kwargs.jsonl.path",
                 f"cannot open for appending: {exc.strerror}",
                 str(self.path),
             ) from None
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        # Unbuffered: a line that fails is never left in a buffer to be written again.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._dirty = None
+
+    def reopen(self) -> None:
+        """Close the file and open ``path`` again (SIGHUP after a rotation). Raises
+        ``OSError`` when it cannot (the fan-out counts it; the next step tries again)."""
+        self.close()
+        self._open()
+        log.info("%s: reopened", self.path)
 
     def _repair(self) -> None:
         """Cut a torn last line (the collector was killed mid-write) so appends stay valid."""
@@ -109,6 +129,8 @@ class JsonlSink(Sink):
         docstring)."""
         if self._fd is None:
             self.open()
+        elif self._dirty is None and renamed(self.path, self._fd):  # rotated: a new file
+            self.reopen()
         fd = self._fd
         assert fd is not None
         if self._dirty is not None:

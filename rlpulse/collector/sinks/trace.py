@@ -9,7 +9,8 @@ the phase, with the step, the execute and GPU seconds in its ``args``, and on a 
 Timestamps are the ranks' wall clocks in microseconds.
 
 The file is appended to as steps are emitted and closed with ``]`` when the collector stops
-or forgets the run (``run_retention_s`` after it ended);
+or forgets the run (``run_retention_s`` after it ended), or when it was renamed (a log
+rotation, noticed at the run's next step or on SIGHUP: the next step begins a new file);
 the format lets a viewer open it before that. A restarted collector reopens it (dropping the
 ``]``) and carries on after the last step it holds.
 """
@@ -26,7 +27,13 @@ from typing import Any, BinaryIO, ClassVar
 
 import msgspec
 
-from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.collector.sinks.base import (
+    Sink,
+    SinkContext,
+    reject_unknown,
+    renamed,
+    required_path,
+)
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import trace_path as trace_path
@@ -41,6 +48,7 @@ _JSON = msgspec.json.Encoder()
 @dataclass
 class _Run:
     file: BinaryIO
+    path: Path
     pids: dict[str, int] = field(default_factory=dict)
     threads: set[tuple[int, int]] = field(default_factory=set)
 
@@ -73,7 +81,9 @@ class TraceSink(Sink):
     def _run(self, run: str) -> _Run:
         state = self._runs.get(run)
         if state is not None:
-            return state
+            if not renamed(state.path, state.file.fileno()):
+                return state
+            self.forget(run)  # rotated: the renamed file is closed whole, a new one begins
         path = trace_path(self.dir, run)
         fresh = not path.exists() or path.stat().st_size == 0
         if not fresh:
@@ -81,7 +91,7 @@ class TraceSink(Sink):
         f = path.open("ab")
         if fresh:
             f.write(b"[\n")
-        state = self._runs[run] = _Run(f)
+        state = self._runs[run] = _Run(f, path)
         meta = {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "steps"}}
         self._event(state, meta)
         self._event(state, {**meta, "name": "rlpulse_run", "args": {"run": run}})
@@ -171,6 +181,14 @@ class TraceSink(Sink):
             if steps:
                 out[run] = max(steps)
         return out
+
+    def reopen(self) -> None:
+        """SIGHUP: the files renamed since (a log rotation) are closed whole, each with its
+        ``]``; the run's next step begins a new file at its path."""
+        for run in [
+            r for r, state in self._runs.items() if renamed(state.path, state.file.fileno())
+        ]:
+            self.forget(run)
 
     def forget(self, run: str) -> None:
         """The collector forgot ``run`` (it ended): its file is closed, as at a stop."""
