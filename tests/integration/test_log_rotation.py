@@ -121,7 +121,7 @@ def test_logrotate_with_the_documented_stanza_loses_and_repeats_no_step(tmp_path
     assert "SIGHUP: the sinks reopen their files" in log.read_text()
 
 
-def test_a_rename_without_a_signal_is_noticed_at_the_next_step(tmp_path: Path) -> None:
+def test_a_rename_without_a_signal_is_noticed_within_a_second(tmp_path: Path) -> None:
     def rename(pid: int, out: Path) -> None:
         os.rename(out, out.with_name("metrics.jsonl.old"))
         os.rename(

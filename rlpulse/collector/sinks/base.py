@@ -12,7 +12,9 @@ and may raise, and the fan-out retries and counts its failures.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +54,35 @@ class SinkContext:
     defaults: Mapping[str, Setting] = field(default_factory=dict)
 
 
+RENAME_CHECK_S = 1.0
+"""How often, at most, a sink asks whether its file was renamed (:class:`RenameCheck`)."""
+
+
+class RenameCheck:
+    """Whether a sink's file was renamed (a log rotation that sent no SIGHUP), asked at most
+    every ``RENAME_CHECK_S`` while steps are written: a ``stat`` and ``fstat`` per step cost
+    10 to 25 µs on the loaded 2-core build machine, a third of a jsonl line's own write.
+    Steps written in the meantime go to the renamed file: each is in one file all the same.
+
+    >>> RenameCheck(clock=lambda: 5.0).due()
+    True
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._next = -math.inf
+
+    def due(self) -> bool:
+        now = self._clock()
+        if now < self._next:
+            return False
+        self._next = now + RENAME_CHECK_S
+        return True
+
+
 def renamed(path: Path, fd: int) -> bool:
     """Whether ``path`` no longer names the open file ``fd`` (renamed or removed: a log
-    rotation): one ``stat`` (2.4 µs on the build machine, against 74 µs for the line's own
-    write and ``fstat``), cheap enough to ask before every step written."""
+    rotation)."""
     try:
         now = os.stat(path)
     except FileNotFoundError:

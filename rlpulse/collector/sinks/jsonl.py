@@ -7,9 +7,10 @@ A write is a whole line or nothing: a failed one (a full disk) is cut back out o
 before the error is raised, so the fan-out's retry writes the step once, not a torn line and
 then the step again.
 
-Log rotation: a file renamed (``logrotate``'s default) is noticed at the next step, which goes
-to a new file at ``path`` (one ``stat`` per step: ``base.renamed``), and SIGHUP reopens the
-file at once (``reopen``). Either happens between two steps, so each step is in one file.
+Log rotation: SIGHUP reopens the file (``reopen``), before the next step; a file renamed
+without it (``logrotate``'s default rename, no ``postrotate``) is noticed within a second
+(``base.RenameCheck``) and the next step goes to a new file at ``path``. Either happens
+between two steps, so each step is in one file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rlpulse.collector.sinks.base import (
+    RenameCheck,
     Sink,
     SinkContext,
     reject_unknown,
@@ -54,6 +56,7 @@ class JsonlSink(Sink):
         self.path = Path(path)
         self._fd: int | None = None
         self._dirty: int | None = None
+        self._check = RenameCheck()
         """After a failed write that could not be cut back: the size to cut the file to."""
 
     @classmethod
@@ -129,7 +132,7 @@ class JsonlSink(Sink):
         docstring)."""
         if self._fd is None:
             self.open()
-        elif self._dirty is None and renamed(self.path, self._fd):  # rotated: a new file
+        elif self._dirty is None and self._check.due() and renamed(self.path, self._fd):
             self.reopen()
         fd = self._fd
         assert fd is not None

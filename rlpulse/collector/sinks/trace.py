@@ -10,7 +10,7 @@ Timestamps are the ranks' wall clocks in microseconds.
 
 The file is appended to as steps are emitted and closed with ``]`` when the collector stops
 or forgets the run (``run_retention_s`` after it ended), or when it was renamed (a log
-rotation, noticed at the run's next step or on SIGHUP: the next step begins a new file);
+rotation: on SIGHUP, or within a second without it; the next step begins a new file);
 the format lets a viewer open it before that. A restarted collector reopens it (dropping the
 ``]``) and carries on after the last step it holds.
 """
@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, ClassVar
 import msgspec
 
 from rlpulse.collector.sinks.base import (
+    RenameCheck,
     Sink,
     SinkContext,
     reject_unknown,
@@ -51,6 +52,7 @@ class _Run:
     path: Path
     pids: dict[str, int] = field(default_factory=dict)
     threads: set[tuple[int, int]] = field(default_factory=set)
+    check: RenameCheck = field(default_factory=RenameCheck)
 
 
 class TraceSink(Sink):
@@ -81,7 +83,7 @@ class TraceSink(Sink):
     def _run(self, run: str) -> _Run:
         state = self._runs.get(run)
         if state is not None:
-            if not renamed(state.path, state.file.fileno()):
+            if not (state.check.due() and renamed(state.path, state.file.fileno())):
                 return state
             self.forget(run)  # rotated: the renamed file is closed whole, a new one begins
         path = trace_path(self.dir, run)
