@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 
+from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.intake.delivery import Delivery
+from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.collector.runs.retention import TOMBSTONE_RETENTIONS
+from rlpulse.collector.tiers.relay import Relay as RelayOutput, RelayRecord
+from rlpulse.collector.tiers.upstream import UpstreamSink
 from rlpulse.schemas import protocol as P
 from rlpulse.schemas.record import RunForgotten, StepRecord
-from tests.collector.helpers import Harness, hello, metrics
+from tests.collector.helpers import TIMING, Declaring, Harness, hello, metrics
 
 LOSS = "actor/pg_loss"
 RETENTION = 30.0
@@ -140,3 +144,32 @@ def test_forgetting_survives_a_restart_from_an_older_checkpoint() -> None:
     assert again.agg.runs == {} and again.records == []
     again.send(metrics(1, 9, {LOSS: 5.0}))
     assert again.agg.health.late == 1
+
+
+def test_a_relay_forgets_a_run_and_its_upstream_sink_its_members() -> None:
+    """Behind a relay: the relay forgets the run as any collector (its forwarded steps and
+    announced members too), and tells its upstream sink, whose hellos then leave them out."""
+    config = CollectorConfig(
+        upstream="tcp://127.0.0.1:9", trackers={}, run_retention_s=RETENTION, **TIMING
+    )
+    sent: list[RelayRecord] = []
+    relay = RelayOutput(77)
+    h = Harness()
+    h.agg = Aggregator(sent.append, config, output=relay)
+    h.feed = Declaring(h.agg)
+    finished_run(h, "a", 1)
+    assert "a" in relay.forwarded and set(relay.announced) == {1, 2}
+    wait(h, RETENTION + 1)
+    forget = sent[-1]
+    assert forget.kind == "forget" and {m.producer for m in forget.members} == {1, 2}
+    assert relay.forwarded == {} and relay.announced == {} and h.agg.runs == {}
+    upstream = UpstreamSink(config, 77)
+    try:
+        for kind in ("delta", "forget"):
+            assert any(r.kind == kind for r in sent)
+        upstream._members = {m.producer: m for m in forget.members}
+        upstream.member_late = {1: 3}
+        upstream.write(forget)
+        assert upstream._members == {} and upstream.member_late == {}
+    finally:
+        upstream.close()
