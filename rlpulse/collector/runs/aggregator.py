@@ -30,6 +30,7 @@ from rlpulse.collector.intake.clock import ClockBound
 from rlpulse.collector.output.records import StepOutput, StepRecords
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs import completion
+from rlpulse.collector.runs.forgetting import forget_gone, forget_run
 from rlpulse.collector.runs.members import FINISHED, ProducerInfo
 from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
@@ -283,14 +284,14 @@ class Aggregator:
             ended[name] = not (run is not None and run.steps) and not membership.live(name, now)
         for name in self.ended.due(ended, now):
             self.forget(name, now)
-        self.forgotten_pids += membership.forget_gone(now, self.config.run_retention_s)
+        self.forgotten_pids += forget_gone(membership, now, self.config.run_retention_s)
 
     def forget(self, name: str, now: float, emit: bool = True) -> None:
         """Forget the run ``name``: its state here, its producers (a tombstone stays), and,
         with ``emit``, the sinks' state of it (recovery: they were told before the restart)."""
         run = self.runs.pop(name, None)
         last = run.last_emitted if run is not None else -1
-        pids = self.membership.forget(name, last, now)
+        pids = forget_run(self.membership, name, last, now)
         self.output.forget(self, name, pids, self.emit if emit else None)
         if self.clock is not None:
             self.clock.forget(pids)

@@ -438,50 +438,9 @@ class Membership:
         self.tombstones.restore(snapshot.get("forgotten", []), now)
         self.health.producers = len(self.producers)
 
-    def forget(self, name: str, last_emitted: int, now: float) -> list[int]:
-        """Forget the run ``name`` and its producers, leaving a tombstone; their ids (their
-        delivery numbering stays while the tombstone does: ``Tombstones.dropped``)."""
-        pids = [p.pid for p in self.producers.values() if p.run == name]
-        late = {pid: self.producers[pid].late for pid in pids}
-        for pid in pids:
-            del self.producers[pid]
-            self._scraped.pop(pid, None)
-            self.resuming.discard(pid)
-            self.health.forget_producer(pid)
-            for told in self.relay_late.values():
-                told.pop(pid, None)
-        del self.runs[name]
-        for asked in [a for a, n in self.current.items() if n == name]:
-            del self.current[asked]
-        for relay in self.relays.values():
-            for alias in [a for a, n in relay.aliases.items() if n == name]:
-                del relay.aliases[alias]
-        self.tombstones.add(name, last_emitted, late, now)
-        self.health.producers = len(self.producers)
-        return pids
-
-    def forget_gone(self, now: float, retention_s: float) -> list[int]:
-        """Forget the producers of forgotten runs that came back (``ghosts``) and the
-        endpoint-only ones, once silent for ``retention_s`` (and presumed gone), and the
-        tombstones past their age; the ids whose delivery numbering may go."""
-        out = []
-        for kept in (self.ghosts, self.endpoints):
-            for pid in [
-                p.pid
-                for p in kept.values()
-                if now - p.last_seen >= max(retention_s, self.liveness_s)
-            ]:
-                prod = kept.pop(pid)
-                self._scraped.pop(pid, None)
-                self.health.forget_producer(pid)
-                if self.tombstones.run_of(pid) is None:
-                    out.append(pid)
-                elif prod.late:  # told again if it comes back once more
-                    self.tombstones.late[pid] = prod.late
-        self.tombstones.prune(now)
-        out += self.tombstones.dropped
-        self.tombstones.dropped = []
-        return out
+    def unlist(self, pid: int) -> None:
+        """Producer ``pid`` is forgotten: its endpoint is no longer listed for discovery."""
+        self._scraped.pop(pid, None)
 
     def ensure_run(self, name: str, now: float) -> Members:
         """The run's members, created empty if unknown (recovery of an emitted step)."""
