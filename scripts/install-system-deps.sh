@@ -4,7 +4,9 @@
 #   sudo scripts/install-system-deps.sh        # or as root in CI / a fresh Debian container
 #
 # Today that is the Debian `prometheus` package, which provides both `prometheus` (the server the
-# Prometheus sink's integration test scrapes with) and `promtool` (which lints a live scrape).
+# Prometheus sink's integration test scrapes with) and `promtool` (which lints a live scrape),
+# and `logrotate`, with which tests/integration/test_log_rotation.py rotates the collector's
+# jsonl file as docs/operating.md says to.
 # The package index is refreshed only when the package is not known to apt yet, recommended
 # packages (node-exporter) are skipped, and the package's service is never started.
 set -eu
@@ -12,9 +14,12 @@ set -eu
 need_prometheus() {
     ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1
 }
+need_logrotate() {
+    ! command -v logrotate >/dev/null 2>&1 && [ ! -x /usr/sbin/logrotate ]
+}
 
-if ! need_prometheus; then
-    echo "install-system-deps: prometheus and promtool already installed"
+if ! need_prometheus && ! need_logrotate; then
+    echo "install-system-deps: prometheus, promtool and logrotate already installed"
     exit 0
 fi
 
@@ -28,7 +33,7 @@ if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then
         SUDO="sudo"
     else
-        echo "install-system-deps: run as root (or install sudo) to apt-get install prometheus" >&2
+        echo "install-system-deps: run as root (or install sudo) to apt-get install prometheus logrotate" >&2
         exit 1
     fi
 fi
@@ -47,9 +52,9 @@ fi
 # or a container whose lists were cleaned).
 # A stale index (the mirror has moved on) shows up as a failed download: refresh once and retry.
 install() {
-    $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    $SUDO apt-get install -y -qq --no-install-recommends prometheus logrotate >/dev/null
 }
-if ! apt-cache show prometheus >/dev/null 2>&1; then
+if ! apt-cache show prometheus >/dev/null 2>&1 || ! apt-cache show logrotate >/dev/null 2>&1; then
     $SUDO apt-get update -qq
     install
 elif ! install; then
@@ -57,8 +62,8 @@ elif ! install; then
     install
 fi
 
-if need_prometheus; then
-    echo "install-system-deps: prometheus installed but prometheus/promtool not on PATH" >&2
+if need_prometheus || need_logrotate; then
+    echo "install-system-deps: installed, but prometheus/promtool/logrotate not found" >&2
     exit 1
 fi
-echo "install-system-deps: installed $(prometheus --version 2>&1 | head -n 1)"
+echo "install-system-deps: installed $(prometheus --version 2>&1 | head -n 1); logrotate"

@@ -50,6 +50,10 @@ class CollectorConfig:
       roles to register, unless a producer declared the run's roles (``expected_roles``).
     * ``liveness_s``: a producer silent this long (heartbeats stopped) is presumed dead; the
       steps it has not finished are emitted partial without waiting out the grace period.
+    * ``run_retention_s``: a run that has ended (no open step, every producer said goodbye or
+      is presumed gone) is kept this long, then forgotten: its state leaves memory, the
+      checkpoint, the sinks' cursors and ``/metrics``; a compact tombstone keeps late data of
+      it counted as late (``rlpulse.collector.runs.retention``).
     * ``max_open_steps``: open steps per run; producers that would open more are held back
       (unacknowledged, asked again once steps are emitted); past 8 times as many (a batch
       overshooting the window), the oldest is emitted partial.
@@ -84,6 +88,7 @@ class CollectorConfig:
     grace_s: float = 60.0
     liveness_s: float = 10.0
     settle_s: float = 2.0
+    run_retention_s: float = 3600.0
     max_open_steps: int = 64
     tps_window: int = 1
     max_message_bytes: int = DEFAULT_LIMITS.max_bytes
@@ -122,7 +127,7 @@ class CollectorConfig:
             or self.settle_s < 0
         ):
             raise ConfigError("settle_s", "must be a non-negative number of seconds", self.settle_s)
-        for name in ("grace_s", "liveness_s", "sink_close_s", "checkpoint_s"):
+        for name in ("grace_s", "liveness_s", "sink_close_s", "checkpoint_s", "run_retention_s"):
             value = getattr(self, name)
             if (
                 not isinstance(value, (int, float))

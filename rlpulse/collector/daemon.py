@@ -10,6 +10,9 @@ thread (``rlpulse.collector.output.fanout``). Per receive batch:
 4. emit finished steps (to the outbox with ``state_dir``, else to the sinks' queues);
 5. make the logs durable, wake the sinks, and only then acknowledge to the producers.
 
+SIGHUP (``systemctl reload``, logrotate's ``postrotate``): every sink reopens the files it
+writes at their paths before its next step (:meth:`Collector.reopen`); nothing else changes.
+
 SIGTERM/SIGINT: drain the socket, then emit open steps flagged partial (without
 ``state_dir``; with it they stay in the log and complete after the next start), write and
 close the sinks, exit 0. SIGUSR1 (:meth:`Collector.finish`): the job is over, so open steps
@@ -96,6 +99,8 @@ class Collector:
         self._loop = LoopClock(clock, self.health, self._disk_log, log)
         """The aggregator's clock (``rlpulse.collector.loopclock``)."""
         self._stop = threading.Event()
+        self._reopen = False
+        """SIGHUP came: the sinks reopen their files (at the next settle, on the main loop)."""
         self._closed = False
         self._final = False
         self._opened: list[Sink] = []
@@ -192,10 +197,16 @@ class Collector:
         self._final = True
         self._stop.set()
 
+    def reopen(self) -> None:
+        """Have every sink reopen its files (after a log rotation); safe from signal handlers
+        (it only sets a flag: the main loop passes it on within ``POLL_MS``)."""
+        self._reopen = True
+
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         signal.signal(signal.SIGUSR1, lambda *_: self.finish())
+        signal.signal(signal.SIGHUP, lambda *_: self.reopen())
 
     def _receive(self, budget: int) -> int:
         """Handle up to ``budget`` waiting messages without blocking; return how many."""
@@ -225,9 +236,14 @@ class Collector:
     def _settle(self) -> None:
         """Emit what is due, make it durable, wake the sinks, then acknowledge; now and then
         publish the registered endpoints for service discovery."""
+        if self._reopen:
+            self._reopen = False
+            log.info("SIGHUP: the sinks reopen their files")
+            self.fanout.reopen()
         now = self._now()
         if not self._loop.stalled:
             self.aggregator.poll(now)
+            self.delivery.forget(self.aggregator.take_forgotten())
             self._release(now)
         if now >= self._discovery_due:
             self._discovery_due = now + PUBLISH_S

@@ -155,6 +155,12 @@ class Health:
         "Registrations under the name of a run that had ended here, recorded as a new attempt "
         "(name-2, name-3...) instead of continuing it (producers that resume continue it).",
     )
+    runs_forgotten = SelfMetric(
+        "rlpulse_collector_runs_forgotten_total",
+        "Runs forgotten run_retention_s after they ended (no open step, every rank finished or "
+        "presumed gone): their state left memory, the checkpoint and /metrics; a tombstone "
+        "keeps what their producers send later counted as late.",
+    )
     rank_takeovers = SelfMetric(
         "rlpulse_collector_rank_takeovers_total",
         "Registrations of a (run, role, rank) slot another process held (a restarted rank, or "
@@ -219,6 +225,9 @@ class Health:
             setattr(self, metric.key, 0)
         self.malformed: Counter[str] = Counter()
         self.producer_stats: dict[int, Mapping[str, int]] = {}
+        self._forgotten: Counter[str] = Counter()
+        """The last counters of producers forgotten since (their runs ended long ago), so
+        the totals exported never go down."""
         self._sinks = sinks
 
     @classmethod
@@ -236,9 +245,17 @@ class Health:
         what the collector itself left out (late, conflicts) is counted by its own counters."""
         return self._producers_total(_SENDER_DROPS)
 
+    def forget_producer(self, pid: int) -> None:
+        """Producer ``pid`` is forgotten: its counters stay in the totals."""
+        stats = self.producer_stats.pop(pid, None)
+        if stats:
+            self._forgotten.update(stats)
+
     def _producers_total(self, keys: tuple[str, ...]) -> int:
-        """The producers' own counters ``keys``, as their last heartbeat or goodbye said."""
-        return sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in keys)
+        """The producers' own counters ``keys``, as their last heartbeat or goodbye said
+        (forgotten producers' included)."""
+        live = sum(s.get(k, 0) for s in list(self.producer_stats.values()) for k in keys)
+        return live + sum(self._forgotten[k] for k in keys)
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {m.key: getattr(self, m.key) for m in self.declared()}

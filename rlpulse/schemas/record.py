@@ -106,3 +106,20 @@ class StepRecord:
                 str(n): SampleState.from_wire(w) for n, w in obj.get("samples_wire", {}).items()
             },
         )
+
+
+@dataclass(frozen=True)
+class RunForgotten:
+    """Emitted after a run's last step when the collector forgets the run
+    (``run_retention_s`` after it ended, ``rlpulse.collector.runs.retention``): each sink lets
+    go of what it keeps of the run (``Sink.forget``). Never written as a step.
+
+    >>> RunForgotten("r").encode(seq=4)
+    b'{"seq":4,"forgotten":"r"}'
+    """
+
+    run: str
+
+    def encode(self, **extra: Any) -> bytes:
+        """The outbox's envelope: ``extra`` beside ``forgotten``."""
+        return _JSON.encode({**extra, "forgotten": self.run})

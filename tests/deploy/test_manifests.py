@@ -114,6 +114,8 @@ def test_systemd_unit_runs_the_collector_and_verifies(tmp_path: Path) -> None:
         f"-m rlpulse.collector --config {CONFIG_IN_CONTAINER}"
     )
     assert unit["Service"]["KillSignal"] == "SIGTERM"
+    # reload: the sinks reopen their files (SIGHUP; tests/integration/test_log_rotation.py)
+    assert unit["Service"]["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert unit["Service"]["RestartPreventExitStatus"] == "2"  # a config error is not retried
     assert unit["Install"]["WantedBy"] == "multi-user.target"
     analyze = shutil.which("systemd-analyze")

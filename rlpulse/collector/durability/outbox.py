@@ -19,7 +19,7 @@ from rlpulse.collector.durability.statefiles import (
     write_json_atomic,
 )
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.record import RunForgotten, StepRecord
 
 if TYPE_CHECKING:
     from rlpulse.collector.durability.durable import DurableState
@@ -103,6 +103,8 @@ class OutboxReader:
             self.last_seq = seq
         if isinstance(record, StepRecord):
             self.steps[record.run] = max(self.steps.get(record.run, -1), record.step)
+        elif isinstance(record, RunForgotten):  # no step of it comes again
+            self.steps.pop(record.run, None)
         self.save()
 
     def save(self) -> None:

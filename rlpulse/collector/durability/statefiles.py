@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.schemas.errors import ConfigError
-from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.record import RunForgotten, StepRecord
 
 
 class StateError(ConfigError):
@@ -54,13 +54,16 @@ def write_json_atomic(path: Path, obj: object, fsync: bool = False) -> None:
         raise
 
 
-def encode_record(seq: int, record: StepRecord) -> bytes:
+def encode_record(seq: int, record: StepRecord | RunForgotten) -> bytes:
     return record.encode(seq=seq, emitted_at=time.time())
 
 
 def decode_record(payload: bytes) -> tuple[int, float, Any]:
-    """An outbox record: a step for the sinks, or (a relay's) a record for the collector above."""
+    """An outbox record: a step for the sinks, a run they may forget (``RunForgotten``), or
+    (a relay's) a record for the collector above."""
     obj = json.loads(payload)
+    if "forgotten" in obj:
+        return int(obj["seq"]), float(obj["emitted_at"]), RunForgotten(str(obj["forgotten"]))
     if "relay" in obj:
         from rlpulse.collector.tiers.relay import RelayRecord
 

@@ -44,6 +44,11 @@ class AckTimes:
         due = self._last_due = max(self.clock() + self.delay_s, self._last_due)
         self._later[pid] = due
 
+    def forget(self, pid: int) -> None:
+        """Producer ``pid`` is owed nothing any more (forgotten)."""
+        self._now.discard(pid)
+        self._later.pop(pid, None)
+
     def due(self, everything: bool = False) -> list[int]:
         """The producers owed an acknowledgement now (every one owed any with
         ``everything``), no longer owed it afterwards."""

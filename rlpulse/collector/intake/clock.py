@@ -50,6 +50,10 @@ class ClockBound:
             self.warn(prod.pid, who, ahead)
         return [(e[0], min(e[1], bound), *e[2:]) for e in entries]
 
+    def forget(self, pids: list[int]) -> None:
+        """Producers forgotten (their run ended long ago): named again if they come back."""
+        self._skewed.difference_update(pids)
+
     def warn(self, pid: int, who: str, ahead: float) -> None:
         if pid in self._skewed:
             return

@@ -379,6 +379,18 @@ class Delivery:
                 out.append((identity, ack))
         return out
 
+    def forget(self, pids: list[int]) -> None:
+        """Producers forgotten (their run ended long ago, ``runs.retention``): their numbering
+        goes; one that comes back starts again from its hello."""
+        for pid in pids:
+            self._unpark(pid)
+            for kept in (self.last_seq, self.identity, self._received, self.rejected, self._asked):
+                kept.pop(pid, None)
+            for flags in (self._held_back, self._tell_hold, self._asking):
+                flags.discard(pid)
+            self._wake.pop(pid, None)
+            self._owed.forget(pid)
+
     def snapshot(self) -> dict[str, int]:
         return {str(pid): seq for pid, seq in self.last_seq.items()}
 

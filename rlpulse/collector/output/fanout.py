@@ -18,6 +18,7 @@ cursor says where to resume next time).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -30,10 +31,12 @@ from rlpulse.collector.durability.durable import DurableState
 from rlpulse.collector.durability.outbox import OutboxReader
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
-from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.record import RunForgotten, StepRecord
 
 log = logging.getLogger("rlpulse.collector.output.fanout")
 _STOP = object()
+_REOPEN = object()
+"""Wakes a worker waiting on its queue to reopen its sink's files (SIGHUP)."""
 BACKOFF_S = 0.1
 """First wait after a failed write; it doubles per attempt (with jitter) up to BACKOFF_MAX_S."""
 BACKOFF_MAX_S = 5.0
@@ -66,8 +69,10 @@ class SinkWorker:
         self._notify = threading.Event()
         self._stopping = threading.Event()
         self._busy_since: float | None = None
+        self._reopen = False
+        """SIGHUP asked the sink to reopen its files, before its next step."""
         self._ratelog = RateLimitedLog(log)
-        self._skip: Mapping[str, int] = {}
+        self._skip: dict[str, int] = {}
         self.written = 0
         self.errors = 0
         self.dropped = 0
@@ -79,7 +84,7 @@ class SinkWorker:
             # a write and its cursor update would otherwise duplicate one step). Only when the
             # outbox has a history (a restart): a new state_dir's steps are all new, even if
             # the file holds an earlier job's steps under the same run name.
-            self._skip = self.sink.written_through()
+            self._skip = dict(self.sink.written_through())
         self.thread.start()
 
     def put(self, record: StepRecord) -> None:
@@ -90,11 +95,34 @@ class SinkWorker:
         try:
             self._queue.put_nowait((self._clock(), record))
         except queue.Full:
+            if isinstance(record, RunForgotten):
+                return  # a stuck sink keeps the run's state a while longer: no step is lost
             self.dropped += 1
             self._ratelog.warn(
                 "full",
                 f"sink {self.name}: queue full (sink slow or stuck); dropped step {record.step} of run {record.run!r}",
             )
+
+    def reopen(self) -> None:
+        """Have the sink reopen its files (SIGHUP), on its own thread, between two steps."""
+        self._reopen = True
+        self._notify.set()
+        if self.reader is None:
+            with contextlib.suppress(queue.Full):  # busy: it reopens before its next step
+                self._queue.put_nowait((0.0, _REOPEN))
+
+    def _reopened(self) -> None:
+        if not self._reopen:
+            return
+        self._reopen = False
+        reopen = getattr(self.sink, "reopen", None)  # sinks made outside rlpulse may lack it
+        if reopen is None:
+            return
+        try:
+            reopen()
+        except Exception as exc:  # it writes where it is, or tries again at its next step
+            self.errors += 1
+            self._ratelog.warn("reopen", f"sink {self.name}: reopen failed: {exc!r}")
 
     def wake(self) -> None:
         """The outbox has new steps: read them now instead of at the next poll."""
@@ -162,6 +190,12 @@ class SinkWorker:
             if item is _STOP:
                 return
             enqueued, record = item
+            self._reopened()
+            if record is _REOPEN:
+                continue
+            if isinstance(record, RunForgotten):
+                self._forget(record.run)
+                continue
             self._busy_since = enqueued
             self._write(record, forever=False)
             self._busy_since = None
@@ -171,6 +205,7 @@ class SinkWorker:
         assert reader is not None
         offset = time.time() - self._clock()  # outbox times are wall-clock
         while True:
+            self._reopened()
             batch = reader.read() if reader.available() else []
             if not batch:
                 if reader.unsaved:
@@ -182,6 +217,10 @@ class SinkWorker:
                 self._notify.clear()
                 continue
             for position, emitted_at, record in batch:
+                if isinstance(record, RunForgotten):
+                    self._forget(record.run)
+                    reader.commit(position, record)
+                    continue
                 skip = self._skip.get(record.run)
                 if (skip is None or record.step > skip) and not reader.done(record):
                     self._busy_since = emitted_at - offset
@@ -189,6 +228,19 @@ class SinkWorker:
                         return  # stopping with a sink that still fails: resume here next start
                 reader.commit(position, record)
                 self._busy_since = None
+
+    def _forget(self, run: str) -> None:
+        """The collector forgot ``run`` (``RunForgotten``): so does the sink; a failure is
+        counted and logged, never fatal (the sink keeps the run's state, nothing else)."""
+        self._skip.pop(run, None)
+        forget = getattr(self.sink, "forget", None)  # sinks made outside rlpulse may not have it
+        if forget is None:
+            return
+        try:
+            forget(run)
+        except Exception as exc:
+            self.errors += 1
+            self._ratelog.warn("forget", f"sink {self.name}: forget({run!r}) failed: {exc!r}")
 
     def _idle(self) -> None:
         """A sink's ``idle()``, where it has one (a relay's upstream: its heartbeats), while
@@ -270,6 +322,11 @@ class FanOut:
     def put(self, record: StepRecord) -> None:
         for worker in self.workers:
             worker.put(record)
+
+    def reopen(self) -> None:
+        """Every sink reopens its files before its next step (SIGHUP)."""
+        for worker in self.workers:
+            worker.reopen()
 
     def notify(self) -> None:
         """The outbox has new steps (after a commit)."""

@@ -25,7 +25,7 @@ from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
 from rlpulse.collector.runs.steps import StepState
-from rlpulse.schemas.record import StepRecord
+from rlpulse.schemas.record import RunForgotten, StepRecord
 from rlpulse.schemas.spans import stragglers
 
 log = logging.getLogger("rlpulse.collector")
@@ -108,6 +108,10 @@ class StepOutput(Protocol):
     def restore(self, agg: Host, snapshot: Mapping) -> None:
         """Take this output's state back from a checkpoint."""
 
+    def forget(self, agg: Host, run: str, pids: list[int], emit: Emit | None) -> None:
+        """The run ``run`` and its producers ``pids`` are forgotten (``runs.retention``): drop
+        what is kept of them, and with ``emit`` tell what follows (the sinks, the root)."""
+
 
 class StepRecords:
     """The collector's output: each finished step as a :class:`StepRecord` (metrics read
@@ -187,3 +191,9 @@ class StepRecords:
     def restore(self, agg: Host, snapshot: Mapping) -> None:
         for name, data in snapshot.get("runs", {}).items():
             self._totals(name).restore(data)
+
+    def forget(self, agg: Host, run: str, pids: list[int], emit: Emit | None) -> None:
+        """Drop the run's throughput window and totals; the sinks forget it too."""
+        self.totals.pop(run, None)
+        if emit is not None:
+            emit(RunForgotten(run))

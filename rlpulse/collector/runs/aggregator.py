@@ -30,9 +30,11 @@ from rlpulse.collector.intake.clock import ClockBound
 from rlpulse.collector.output.records import StepOutput, StepRecords
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs import completion
+from rlpulse.collector.runs.forgetting import forget_gone, forget_run
 from rlpulse.collector.runs.members import FINISHED, ProducerInfo
 from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
+from rlpulse.collector.runs.retention import Ended
 from rlpulse.collector.runs.run import Run
 from rlpulse.collector.runs.spans import SpanReader
 from rlpulse.collector.runs.steps import StepState
@@ -40,6 +42,7 @@ from rlpulse.collector.tiers.delta import apply_delta
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.metrics import CATALOG
+from rlpulse.schemas.record import RunForgotten
 
 log = logging.getLogger("rlpulse.collector")
 
@@ -71,9 +74,17 @@ class Aggregator:
         )
         self.catalog = catalog
         self.membership = Membership(
-            liveness_s=config.liveness_s, health=self.health, local=self.output.local
+            liveness_s=config.liveness_s,
+            health=self.health,
+            local=self.output.local,
+            retention_s=config.run_retention_s,
         )
         self.runs: dict[str, Run] = {}
+        self.ended = Ended(config.run_retention_s)
+        self.forgotten_pids: list[int] = []
+        """Producers forgotten since the daemon last asked (it drops their delivery state)."""
+        self._now = 0.0
+        """The latest time a poll or a restore was given."""
         self.spans = SpanReader()
         self.clock = ClockBound(wall_clock, self.health) if wall_clock is not None else None
         self._ratelog = RateLimitedLog(log)
@@ -96,6 +107,9 @@ class Aggregator:
             run = self.runs[name] = Run(
                 name, members, self.membership, names, self.output, self.spans, self.health
             )
+            resumed = self.membership.resumed.pop(name, None)
+            if resumed is not None:  # resumed after it was forgotten: its steps went out
+                run.last_emitted = resumed
         return run
 
     def open_steps(self) -> int:
@@ -111,7 +125,7 @@ class Aggregator:
         kind = type(msg)
         if kind is protocol.Hello:
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
-            if registered.logs:
+            if registered.logs and not registered.ghost:
                 self.run(registered.run).took_over(registered)
             return
         if kind is protocol.RelayHello:
@@ -119,6 +133,9 @@ class Aggregator:
             return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
+            return
+        if prod.ghost:
+            self._ghost(prod, msg, replay)
             return
         if not prod.logs:
             self._endpoint_only(prod, msg)
@@ -154,6 +171,26 @@ class Aggregator:
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
             self.run(prod.run).done(prod, FINISHED, now)
+
+    def _ghost(self, prod: ProducerInfo, msg: protocol.Message, replay: bool) -> None:
+        """A message of a producer whose run was forgotten (``runs.retention``): its data is
+        late, counted and told back to it; its counters and goodbye are noted."""
+        if isinstance(msg, (protocol.Heartbeat, protocol.Bye)):
+            self.membership.note_stats(prod, msg.stats)
+            if isinstance(msg, protocol.Bye):
+                prod.watermark = FINISHED
+            return
+        entries = len(getattr(msg, "entries", ()))
+        if not entries or replay:
+            return
+        prod.late += entries
+        self.health.late += entries
+        self._ratelog.warn(
+            f"forgotten:{prod.run}",
+            f"run {prod.run!r}: producer {prod.pid:x} sent {entries} entries after the run "
+            f"ended and was forgotten (run_retention_s={self.config.run_retention_s:g}); "
+            "counted late, not merged",
+        )
 
     def _relay_hello(self, msg: protocol.RelayHello, now: float) -> None:
         """A relay's hello: it and the producers behind it register."""
@@ -231,6 +268,44 @@ class Aggregator:
             for state, missing in run.due(now, self.config):
                 self._emit(run, state, missing)
         self.output.after(self, now)
+        self._now = now
+        if self.ended.sweep_due(now):
+            self._forget_ended(now)
+
+    # ------------------------------------------------------------------ forgetting
+
+    def _forget_ended(self, now: float) -> None:
+        """Forget the runs ended for ``run_retention_s``, and the producers of forgotten runs
+        that came back and fell silent (``rlpulse.collector.runs.retention``)."""
+        membership = self.membership
+        ended = {}
+        for name in membership.runs:
+            run = self.runs.get(name)
+            ended[name] = not (run is not None and run.steps) and not membership.live(name, now)
+        for name in self.ended.due(ended, now):
+            self.forget(name, now)
+        self.forgotten_pids += forget_gone(membership, now, self.config.run_retention_s)
+
+    def forget(self, name: str, now: float, emit: bool = True) -> None:
+        """Forget the run ``name``: its state here, its producers (a tombstone stays), and,
+        with ``emit``, the sinks' state of it (recovery: they were told before the restart)."""
+        run = self.runs.pop(name, None)
+        last = run.last_emitted if run is not None else -1
+        pids = forget_run(self.membership, name, last, now)
+        self.output.forget(self, name, pids, self.emit if emit else None)
+        if self.clock is not None:
+            self.clock.forget(pids)
+        self.health.runs_forgotten += 1
+        log.info(
+            "run %r ended (every rank finished or gone) %gs ago: forgotten (run_retention_s)",
+            name,
+            self.config.run_retention_s,
+        )
+
+    def take_forgotten(self) -> list[int]:
+        """The producers forgotten since the last call (the daemon drops their delivery state)."""
+        pids, self.forgotten_pids = self.forgotten_pids, []
+        return pids
 
     def flush(self) -> None:
         """Emit every open step now (shutdown): complete ones as usual, the rest partial."""
@@ -265,6 +340,10 @@ class Aggregator:
     def note_emitted(self, record: Any) -> None:
         """Recovery: ``record`` (a step record, or a relay's) is in the outbox already; never
         emit that step again, and let the output continue from it."""
+        if isinstance(record, RunForgotten):  # forgotten before the restart: again now
+            if record.run in self.membership.runs:
+                self.forget(record.run, self._now, emit=False)
+            return
         run_name, step = getattr(record, "run", ""), getattr(record, "step", -1)
         if run_name and step >= 0:
             self.membership.ensure_run(run_name, 0.0)
@@ -284,6 +363,7 @@ class Aggregator:
         return out
 
     def restore(self, snapshot: Mapping, now: float) -> None:
+        self._now = now
         self.membership.restore(snapshot, now)
         for run in self.runs.values():  # the members restored replace any made before
             run.members = self.membership.runs.get(run.name, run.members)

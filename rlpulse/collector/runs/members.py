@@ -65,6 +65,8 @@ class ProducerInfo:
     """It took its slot from another process, which had finished every step up to this
     one; None once its own first step is known (``Run.resume``), or if it took no
     slot from anyone."""
+    ghost: bool = False
+    """A producer of a run forgotten since (``Membership.ghosts``): its data is late."""
     aliases: dict[str, str] = field(default_factory=dict)
     """A relay's runs as the relay names them -> as this collector records them."""
 

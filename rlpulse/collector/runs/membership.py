@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from rlpulse.collector.health import Health
 from rlpulse.collector.output.discovery import ScrapeTarget
 from rlpulse.collector.ratelog import RateLimitedLog
-from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
+from rlpulse.collector.runs.members import FINISHED, Members, ProducerInfo, Slot
+from rlpulse.collector.runs.retention import Tombstones
 from rlpulse.schemas import protocol
 from rlpulse.schemas.messages import TableDecl
 
@@ -48,7 +49,14 @@ class Membership:
     collector above decides.
     """
 
-    def __init__(self, *, liveness_s: float, health: Health, local: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        liveness_s: float,
+        health: Health,
+        local: bool = False,
+        retention_s: float = 3600.0,
+    ) -> None:
         self.liveness_s = liveness_s
         self.health = health
         self.local = local
@@ -73,6 +81,13 @@ class Membership:
         self._scraped: dict[int, ProducerInfo] = {}
         """Every producer, of either kind, that registered a metrics endpoint."""
         self.runs: dict[str, Members] = {}
+        self.tombstones = Tombstones(retention_s)
+        """Runs forgotten ``retention_s`` after they ended (``rlpulse.collector.runs.retention``)."""
+        self.ghosts: dict[int, ProducerInfo] = {}
+        """Producers of forgotten runs that came back: all they send is late."""
+        self.resumed: dict[str, int] = {}
+        """Forgotten runs a producer resumed, with their last emitted step (for their new
+        ``Run``, which the aggregator makes and takes it from here)."""
         self.resuming: set[int] = set()
         """Producers whose ``resumes_after`` is set: relayed entries are checked for them
         only while there are any."""
@@ -90,6 +105,10 @@ class Membership:
         """Apply a hello; a producer already known is only marked alive (and takes the
         endpoint it says, a collector restarted without saved endpoints learning it again)."""
         prod = self.producers.get(msg.producer)
+        if prod is None:
+            ghost = self._ghost(msg.producer, now)
+            if ghost is not None:
+                return ghost
         if prod is None and not msg.logs:
             return self._register_endpoint(msg, now)
         if prod is not None:
@@ -161,19 +180,28 @@ class Membership:
         asked = msg.run
         name = self.current.get(asked, asked)
         run = self.runs.get(name)
+        forgotten = run is None and self.tombstones.last_emitted(name) is not None
+        if forgotten and (msg.resume or not self.attempts):  # it goes on, as a new run here
+            self.decided = True
+            self.resumed[name] = self.tombstones.pop(name)  # type: ignore[assignment]
+            return name
         # A run with no role yet is a placeholder (recovery made it for a step it had
         # emitted, before the log gave back its registrations): nothing there has ended.
-        if not self.attempts or run is None or not run.roles or self.live(name, now):
+        if not forgotten and (
+            not self.attempts or run is None or not run.roles or self.live(name, now)
+        ):
             return name
         self.decided = True
-        if msg.resume:  # a restarted job: its ranks hold the slots afresh
+        if run is not None and msg.resume:  # a restarted job: its ranks hold the slots afresh
             run.slots.clear()
             run.first_seen = now
             run._expected = None
             log.info("run %r resumed by %s/%d", name, msg.role, msg.rank)
             return name
         k = 2
-        while f"{asked}-{k}" in self.runs:
+        while (
+            f"{asked}-{k}" in self.runs or self.tombstones.last_emitted(f"{asked}-{k}") is not None
+        ):
             k += 1
         fresh = self.current[asked] = f"{asked}-{k}"
         self.health.run_attempts += 1
@@ -203,6 +231,26 @@ class Membership:
             if not prod.finished and not self.silent(prod, now):
                 return True
         return False
+
+    def _ghost(self, pid: int, now: float) -> ProducerInfo | None:
+        """A producer of a forgotten run (a tombstone names it) heard from again: kept
+        apart, in ``ghosts``, and all it sends is late (``Aggregator``); None for others."""
+        prod = self.ghosts.get(pid)
+        if prod is None:
+            run = self.tombstones.run_of(pid)
+            if run is None:
+                return None
+            prod = self.ghosts[pid] = ProducerInfo(pid, run, "", -1, 1, "", now, FINISHED)
+            prod.ghost = True
+            prod.late = self.tombstones.late.get(pid, 0)
+            log.warning(
+                "run %r: producer %x was heard from after its run ended and was forgotten "
+                "(run_retention_s); what it sends is counted late",
+                run,
+                pid,
+            )
+        prod.last_seen = now
+        return prod
 
     def _register_endpoint(self, msg: protocol.Hello, now: float) -> ProducerInfo:
         """A producer that registers its metrics endpoint only: kept for discovery and
@@ -279,7 +327,12 @@ class Membership:
 
     def seen(self, pid: int, now: float) -> ProducerInfo | None:
         """The producer of a message, marked alive; None (counted) if it never registered."""
-        prod = self.producers.get(pid) or self.relays.get(pid) or self.endpoints.get(pid)
+        prod = (
+            self.producers.get(pid)
+            or self.relays.get(pid)
+            or self.endpoints.get(pid)
+            or self._ghost(pid, now)
+        )
         if prod is None:
             self.health.unknown_producer += 1
             return None
@@ -291,7 +344,7 @@ class Membership:
         entries left out as late (here, and by the collector above a relay) and as
         conflicts, the run it is recorded under when that is not the name it gave (""
         otherwise), its values of names left out; to a relay, its members' late entries."""
-        prod = self.producers.get(pid)
+        prod = self.producers.get(pid) or self.ghosts.get(pid)
         if prod is None:
             told = self.relay_late.get(pid)
             return 0, 0, "", 0, list(told.items()) if told else []
@@ -360,6 +413,7 @@ class Membership:
                 if p.via is not None
             },
             "runs": {name: run.saved() for name, run in self.runs.items()},
+            **({"forgotten": self.tombstones.snapshot()} if len(self.tombstones) else {}),
         }
 
     def restore(self, snapshot: Mapping, now: float) -> None:
@@ -381,7 +435,12 @@ class Membership:
             )
         for name, data in snapshot.get("runs", {}).items():
             self.runs[name] = Members.from_saved(data, now, local_only=self.local)
+        self.tombstones.restore(snapshot.get("forgotten", []), now)
         self.health.producers = len(self.producers)
+
+    def unlist(self, pid: int) -> None:
+        """Producer ``pid`` is forgotten: its endpoint is no longer listed for discovery."""
+        self._scraped.pop(pid, None)
 
     def ensure_run(self, name: str, now: float) -> Members:
         """The run's members, created empty if unknown (recovery of an emitted step)."""

@@ -3,16 +3,21 @@
 A sink is one class in one file under ``collector/sinks/``. The collector builds it with
 ``from_kwargs(kwargs, ctx)`` at start-up (where bad kwargs raise :class:`ConfigError` naming the
 field, and a missing optional library raises one with the install hint), calls ``open()`` once,
-``write(record)`` for every emitted step in order, and ``close()`` once. Each sink runs on its
+``write(record)`` for every emitted step in order, and ``close()`` once; ``forget(run)`` when the collector forgets a run that ended (its state
+of the run may go), ``reopen()`` on SIGHUP (its files, renamed by a log rotation, are opened
+again at their paths: :func:`renamed`). Each sink runs on its
 own worker thread (``rlpulse.collector.output.fanout``), so a slow sink delays nobody else; a sink may block
 and may raise, and the fan-out retries and counts its failures.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rlpulse.collector.env import Setting
@@ -49,6 +54,45 @@ class SinkContext:
     defaults: Mapping[str, Setting] = field(default_factory=dict)
 
 
+RENAME_CHECK_S = 1.0
+"""How often, at most, a sink asks whether its file was renamed (:class:`RenameCheck`)."""
+
+
+class RenameCheck:
+    """Whether a sink's file was renamed (a log rotation that sent no SIGHUP), asked at most
+    every ``RENAME_CHECK_S`` while steps are written: a ``stat`` and ``fstat`` per step cost
+    10 to 25 µs on the loaded 2-core build machine, a third of a jsonl line's own write.
+    Steps written in the meantime go to the renamed file: each is in one file all the same.
+
+    >>> RenameCheck(clock=lambda: 5.0).due()
+    True
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._next = -math.inf
+
+    def due(self) -> bool:
+        now = self._clock()
+        if now < self._next:
+            return False
+        self._next = now + RENAME_CHECK_S
+        return True
+
+
+def renamed(path: Path, fd: int) -> bool:
+    """Whether ``path`` no longer names the open file ``fd`` (renamed or removed: a log
+    rotation)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # unreadable now: keep writing where we are
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+
 def reject_unknown(kwargs: Mapping[str, Any], allowed: tuple[str, ...], field: str) -> None:
     """Fail at start-up on a tracker kwarg the sink does not take, naming it."""
     unknown = sorted(set(kwargs) - set(allowed))
@@ -83,6 +127,19 @@ class Sink(Protocol):
     def write(self, record: StepRecord) -> None: ...
 
     def close(self) -> None: ...
+
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (``run_retention_s`` after it ended): let go of what
+        is kept of it (open files, series, tracker runs). No step of it follows, unless the
+        run is resumed (then it is a run like any other). Sinks that keep nothing per run
+        need not implement it."""
+        return None
+
+    def reopen(self) -> None:
+        """Reopen the files this sink writes at their configured paths (SIGHUP, after a log
+        rotation renamed them); called on the sink's own thread between two steps, so a step
+        is in one file only. Sinks that write no file a user rotates need not implement it."""
+        return None
 
     def written_through(self) -> Mapping[str, int]:
         """Per run, the last step this sink's own output already holds, read back at start-up

@@ -6,6 +6,11 @@ Each line is :meth:`StepRecord.to_json`:
 A write is a whole line or nothing: a failed one (a full disk) is cut back out of the file
 before the error is raised, so the fan-out's retry writes the step once, not a torn line and
 then the step again.
+
+Log rotation: SIGHUP reopens the file (``reopen``), before the next step; a file renamed
+without it (``logrotate``'s default rename, no ``postrotate``) is noticed within a second
+(``base.RenameCheck``) and the next step goes to a new file at ``path``. Either happens
+between two steps, so each step is in one file.
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.collector.sinks.base import (
+    RenameCheck,
+    Sink,
+    SinkContext,
+    reject_unknown,
+    renamed,
+    required_path,
+)
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
 
@@ -44,6 +56,7 @@ class JsonlSink(Sink):
         self.path = Path(path)
         self._fd: int | None = None
         self._dirty: int | None = None
+        self._check = RenameCheck()
         """After a failed write that could not be cut back: the size to cut the file to."""
 
     @classmethod
@@ -57,17 +70,27 @@ class JsonlSink(Sink):
         if self._fd is not None:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._repair()
-            # Unbuffered: a line that fails is never left in a buffer to be written again.
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._dirty = None
+            self._open()
         except OSError as exc:
             raise ConfigError(
                 "tracker_kwargs.jsonl.path",
                 f"cannot open for appending: {exc.strerror}",
                 str(self.path),
             ) from None
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        # Unbuffered: a line that fails is never left in a buffer to be written again.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._dirty = None
+
+    def reopen(self) -> None:
+        """Close the file and open ``path`` again (SIGHUP after a rotation). Raises
+        ``OSError`` when it cannot (the fan-out counts it; the next step tries again)."""
+        self.close()
+        self._open()
+        log.info("%s: reopened", self.path)
 
     def _repair(self) -> None:
         """Cut a torn last line (the collector was killed mid-write) so appends stay valid."""
@@ -109,6 +132,8 @@ class JsonlSink(Sink):
         docstring)."""
         if self._fd is None:
             self.open()
+        elif self._dirty is None and self._check.due() and renamed(self.path, self._fd):
+            self.reopen()
         fd = self._fd
         assert fd is not None
         if self._dirty is not None:

@@ -123,7 +123,8 @@ class PrometheusSink(Sink):
 
     kwargs: ``port`` (required; 0 picks a free one, see :attr:`address`), ``host`` (default
     ``127.0.0.1``), ``certfile`` and ``keyfile`` (TLS, both or neither), ``max_runs`` (runs kept,
-    least recently written dropped first; default 16).
+    least recently written dropped first; default 16). A run's series leave /metrics when the
+    collector forgets the run (``run_retention_s`` after it ended).
 
     >>> sink = PrometheusSink.from_kwargs({"host": "127.0.0.1", "port": 9464}, SinkContext())
     >>> sink.name
@@ -258,6 +259,15 @@ class PrometheusSink(Sink):
                 run.totals.add_nonfinite(record.nonfinite, record.roles)
             if record.distributions:
                 run.dists.add(record.distributions, record.metrics, record.roles)
+
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (``run_retention_s`` after it ended): its series leave
+        /metrics, as a target drops the series of what no longer exists (Prometheus marks
+        them stale; their history stays in Prometheus)."""
+        with self._lock:
+            if self._runs.pop(run, None) is not None:
+                self._version += 1
+        self._warned.discard(f"evict:{run}")
 
     def close(self) -> None:
         """Stop serving; safe to call twice or before open()."""

@@ -214,6 +214,11 @@ class SwanLabSink(Sink):
         """Sample texts not written (logged, never raised: the step's numbers were)."""
         return self._samples.failed
 
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (it ended): a skipped one is no longer named, this
+        sink's own run stays open (one run per process: it would not start another)."""
+        self._skipped.discard(run)
+
     def close(self) -> None:
         """Finish the SwanLab run; safe to call twice or before open()."""
         run, self._run = self._run, None

@@ -167,6 +167,12 @@ class TensorBoardSink(Sink):
                         out[run_dir.name] = max(out.get(run_dir.name, -1), event.step)
         return out
 
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (it ended): its event file is closed."""
+        entry = self._files.pop(run, None)
+        if entry is not None:
+            entry[0].close()
+
     def close(self) -> None:
         """Close every event file; safe to call twice or before open()."""
         files, self._files = self._files, {}

@@ -8,7 +8,9 @@ the phase, with the step, the execute and GPU seconds in its ``args``, and on a 
 "steps" row one event per step from its first phase's start to its last phase's end.
 Timestamps are the ranks' wall clocks in microseconds.
 
-The file is appended to as steps are emitted and closed with ``]`` when the collector stops;
+The file is appended to as steps are emitted and closed with ``]`` when the collector stops
+or forgets the run (``run_retention_s`` after it ended), or when it was renamed (a log
+rotation: on SIGHUP, or within a second without it; the next step begins a new file);
 the format lets a viewer open it before that. A restarted collector reopens it (dropping the
 ``]``) and carries on after the last step it holds.
 """
@@ -25,7 +27,14 @@ from typing import Any, BinaryIO, ClassVar
 
 import msgspec
 
-from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.collector.sinks.base import (
+    RenameCheck,
+    Sink,
+    SinkContext,
+    reject_unknown,
+    renamed,
+    required_path,
+)
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import trace_path as trace_path
@@ -40,8 +49,10 @@ _JSON = msgspec.json.Encoder()
 @dataclass
 class _Run:
     file: BinaryIO
+    path: Path
     pids: dict[str, int] = field(default_factory=dict)
     threads: set[tuple[int, int]] = field(default_factory=set)
+    check: RenameCheck = field(default_factory=RenameCheck)
 
 
 class TraceSink(Sink):
@@ -72,7 +83,9 @@ class TraceSink(Sink):
     def _run(self, run: str) -> _Run:
         state = self._runs.get(run)
         if state is not None:
-            return state
+            if not (state.check.due() and renamed(state.path, state.file.fileno())):
+                return state
+            self.forget(run)  # rotated: the renamed file is closed whole, a new one begins
         path = trace_path(self.dir, run)
         fresh = not path.exists() or path.stat().st_size == 0
         if not fresh:
@@ -80,7 +93,7 @@ class TraceSink(Sink):
         f = path.open("ab")
         if fresh:
             f.write(b"[\n")
-        state = self._runs[run] = _Run(f)
+        state = self._runs[run] = _Run(f, path)
         meta = {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "steps"}}
         self._event(state, meta)
         self._event(state, {**meta, "name": "rlpulse_run", "args": {"run": run}})
@@ -171,11 +184,29 @@ class TraceSink(Sink):
                 out[run] = max(steps)
         return out
 
+    def reopen(self) -> None:
+        """SIGHUP: the files renamed since (a log rotation) are closed whole, each with its
+        ``]``; the run's next step begins a new file at its path."""
+        for run in [
+            r for r, state in self._runs.items() if renamed(state.path, state.file.fileno())
+        ]:
+            self.forget(run)
+
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (it ended): its file is closed, as at a stop."""
+        state = self._runs.pop(run, None)
+        if state is not None:
+            _close(state)
+
     def close(self) -> None:
-        for state in self._runs.values():
-            state.file.write(b"{}]\n")  # an empty object closes the trailing comma
-            state.file.close()
-        self._runs.clear()
+        runs, self._runs = self._runs, {}
+        for state in runs.values():
+            _close(state)
+
+
+def _close(state: _Run) -> None:
+    state.file.write(b"{}]\n")  # an empty object closes the trailing comma
+    state.file.close()
 
 
 def _run_name(path: Path) -> str | None:

@@ -172,6 +172,12 @@ class WandbSink(Sink):
         """Sample tables not written (logged, never raised: the step's numbers were)."""
         return self._samples.failed
 
+    def forget(self, run: str) -> None:
+        """The collector forgot ``run`` (it ended): its W&B run is finished."""
+        wandb_run = self._runs.pop(run, None)
+        if wandb_run is not None:
+            wandb_run.finish()
+
     def close(self) -> None:
         """Finish every W&B run and wait until wandb has written (or uploaded) all of it;
         safe to call twice or before open()."""

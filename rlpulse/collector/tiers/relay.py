@@ -299,6 +299,14 @@ class Relay:
         for pid, mark in delta.watermarks:
             forwarded.watermarks[pid] = max(forwarded.watermarks.get(pid, -1), mark)
 
+    def forget(self, agg: Host, run: str, pids: list[int], emit: Emit | None) -> None:
+        """Drop what was forwarded of the run and its members; the upstream sink drops them
+        from the hello it sends (a ``forget`` record)."""
+        self.forwarded.pop(run, None)
+        members = tuple(m for m in (self.announced.pop(pid, None) for pid in pids) if m)
+        if emit is not None and members:
+            self._send(emit, RelayRecord("forget", run=run, members=members))
+
     def snapshot(self, agg: Host, out: dict) -> None:
         out["relay"] = {
             "next_seq": self.next_seq,

@@ -172,6 +172,11 @@ class UpstreamSink(Sink):
         if record.kind == "heartbeat":
             self._heartbeat()
             return
+        if record.kind == "forget":  # their run was forgotten here: not in our hellos
+            for member in record.members:
+                self._members.pop(member.producer, None)
+                self.member_late.pop(member.producer, None)
+            return
         if record.kind == "announce":
             self._tables.update((t.id, t) for t in record.tables)
             self._members.update((m.producer, m) for m in record.members)
