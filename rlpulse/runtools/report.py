@@ -1,19 +1,22 @@
-"""A PNG of one run's main curves: score and reward, KL, entropy, clip fractions, lengths,
-throughput, and GPU and CPU memory by phase and device.
+"""A PNG of one run's curves: score, losses, KL, entropy, clipping, lengths, rollout health
+(the engine's log-probs against the trainer's, staleness), the rollout engine (tokens, KV
+cache, requests, latency quantiles), throughput, phases and stragglers, memory and samples.
 
-Panels name catalog entries (``rlpulse.schemas.metrics``), never spelled-out strings. A catalog
-panel whose metrics the run never logged is left out of the picture and named in its title
-("not logged: KL, ..."). Names the catalog does not know (a job's own, ``my/reward_bonus``)
-get panels of their own, grouped by their first path segment, so a job that logs only its own
-names still gets its curves. matplotlib is imported only when a report is drawn (the ``report`` extra), and only its
-object API is used (no pyplot, no global backend switch): the Agg canvas renders the PNG.
+What a panel draws is a list of quantities (:mod:`rlpulse.runtools.quantities`), each under
+every name it is logged as, so a run of the demo trainer, of verl or of TRL gets the same
+titles; names with parameters (phases, memory by device, stragglers) come from the catalog's
+templates (``rlpulse.schemas.topology``). A panel whose names the run never logged is left
+out. Names nothing here knows (a job's own, ``my/reward_bonus``) get panels of their own,
+grouped by their first path segment. The header counts the names logged and not drawn and
+:func:`plan` lists them (the command prints them), so nothing logged goes unmentioned.
+
+matplotlib is imported only when a report is drawn (the ``report`` extra), and only its object
+API is used (no pyplot, no global backend switch): the Agg canvas renders the PNG.
 
 >>> from rlpulse.runtools.runs import Run
->>> run = Run("r", steps=(0, 1), series={"system/tps": ((1, 9.0),)})
->>> [p.title for p in plan(run)][:2]
-['Score and reward', 'KL']
->>> plan(run)[5].names
-('system/tps',)
+>>> run = Run("r", steps=(0, 1), series={"system/tps": ((1, 9.0),), "reward": ((1, 0.5),)})
+>>> [(p.title, p.names) for p in plan(run).panels]
+[('Score and reward', ('reward',)), ('Throughput', ('system/tps',))]
 """
 
 from __future__ import annotations
@@ -21,157 +24,328 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlpulse.extras import MissingExtra, needs_extra
+from rlpulse.runtools import quantities as Q
+from rlpulse.runtools.quantities import Quantity
 from rlpulse.runtools.runs import Run
+from rlpulse.runtools.samples import RunSamples, steps_text
 from rlpulse.schemas import metrics as M
-from rlpulse.schemas.catalog import Entry
-from rlpulse.schemas.reductions import Stat
 
 
 class ReportError(RuntimeError):
     """The report cannot be drawn (matplotlib missing, output not writable)."""
 
 
-def out(entry: Entry, stat: Stat | None = None) -> str:
-    """The reported name of ``entry`` (its ``stat`` output for a family with several)."""
-    names = entry.output_names()
-    if stat is None:
-        (name,) = names.values()
-        return name
-    return names[stat]
+@dataclass(frozen=True)
+class Line:
+    """One curve: the reported name, its legend label and its colour (matplotlib's)."""
+
+    name: str
+    label: str
+    color: str
 
 
 @dataclass(frozen=True)
 class Panel:
-    """One subplot: its title, y label and the reported names drawn in it (those the run has)."""
+    """One subplot: its title, y label and lines. ``trend``: also a rolling mean of the first
+    line; ``zero``: the y axis starts at 0 (a count, a time, a size); ``legend_title``: the
+    part of the names every label leaves out."""
 
     title: str
     ylabel: str
-    names: tuple[str, ...]
-    labels: tuple[str, ...]
-    trend: bool = False  # also draw a rolling mean of the first curve
+    lines: tuple[Line, ...]
+    trend: bool = False
+    zero: bool = False
+    legend_title: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(line.name for line in self.lines)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(line.label for line in self.lines)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The figure of a run: the panels drawn, the names logged but not drawn, how many
+    histogram bucket counts stand behind the quantiles drawn, and where the samples are."""
+
+    panels: tuple[Panel, ...]
+    logged: int
+    not_drawn: tuple[str, ...]
+    buckets: int = 0
+    samples_note: str = ""
+
+    def header(self, run: Run, width: int = 160) -> list[str]:
+        """The lines above the panels."""
+        partial = f", {run.partial} partial" if run.partial else ""
+        span = f"steps {run.steps[0]}-{run.steps[-1]}" if run.steps else "no steps"
+        lines = [f"{run.name}: {len(run.steps)} steps ({span}{partial})"]
+        drawn = self.logged - len(self.not_drawn) - self.buckets
+        counts = f"{self.logged} names logged: {drawn} drawn"
+        if self.buckets:
+            counts += f", {self.buckets} histogram bucket counts drawn as their quantiles"
+        if self.not_drawn:
+            listed = _clip(", ".join(self.not_drawn), width - 60)
+            counts += f"; logged, not drawn: {len(self.not_drawn)} names ({listed})"
+        lines.append(counts)
+        if self.samples_note:
+            lines.append(self.samples_note)
+        return lines
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters at a comma, with how to see the rest."""
+    if len(text) <= width:
+        return text
+    cut = text[:width].rsplit(", ", 1)[0]
+    return f"{cut}, ...; rlpulse report prints them all"
+
+
+MAX_LINES = 10
+"""Curves in one panel at most (matplotlib's ten distinct colours); more are split over
+panels titled ``(1/2)``, ``(2/2)``."""
 OWN_PER_PANEL = 6
 """Curves in a panel of the run's own names."""
 MAX_OWN_PANELS = 12
-"""Panels of the run's own names at most; the names beyond are counted in the title."""
+"""Panels of the run's own names at most; the names beyond are counted as not drawn."""
+
+Picked = list[tuple[str, str]]
+"""(reported name, legend label) pairs of one panel."""
 
 
 @dataclass(frozen=True)
 class _Spec:
     title: str
     ylabel: str
-    pick: Callable[[Run], list[tuple[str, str]]]  # run -> [(name, legend label)]
+    pick: Callable[[Run], Picked]
     trend: bool = False
+    zero: bool = False
+    quantities: tuple[Quantity, ...] = ()
 
 
-def _fixed(*names: str) -> Callable[[Run], list[tuple[str, str]]]:
-    return lambda run: [(n, n) for n in names if run.has(n)]
+def _of(*quantities: Quantity) -> Callable[[Run], Picked]:
+    def pick(run: Run) -> Picked:
+        names = dict.fromkeys(n for q in quantities for n in q.logged(run))
+        return [(n, n) for n in names]
+
+    return pick
 
 
-def _memory_gpu(run: Run) -> list[tuple[str, str]]:
+def spec(
+    title: str, ylabel: str, *quantities: Quantity, trend: bool = False, zero: bool = False
+) -> _Spec:
+    """A panel drawing every name of ``quantities`` a run logged (legend: the names)."""
+    return _Spec(title, ylabel, _of(*quantities), trend, zero, quantities)
+
+
+def _templated(
+    match: Callable[[str], dict[str, str] | None], label: Callable[[dict[str, str]], str | None]
+) -> Callable[[Run], Picked]:
+    """Names of a catalog template: ``label(params)`` for each match, None to leave it out."""
+
+    def pick(run: Run) -> Picked:
+        picked = []
+        for name in sorted(run.series):
+            params = match(name)
+            text = label(params) if params is not None else None
+            if text is not None and run.has(name):
+                picked.append((name, text))
+        return picked
+
+    return pick
+
+
+def _and(*picks: Callable[[Run], Picked]) -> Callable[[Run], Picked]:
+    return lambda run: [p for pick in picks for p in pick(run)]
+
+
+def _phase(p: dict[str, str]) -> str | None:
+    return f"{p['cluster']}/{p['phase']}" if p["part"] == "total" else None
+
+
+def _gpu_peak(p: dict[str, str]) -> str | None:
     """Peak allocated GPU memory during each phase, by worker group, phase and device."""
-    picked = []
-    for name in sorted(run.series):
-        p = M.MEMORY_GPU.match(name)
-        if p and (p["when"], p["state"], p["stat"]) == ("end", "onload", "max_allocated"):
-            picked.append((name, f"{p['cluster']}/{p['phase']} gpu{p['device_id']}"))
-    return picked
+    wanted = ("end", "onload", "max_allocated")
+    if (p["when"], p["state"], p["stat"]) != wanted:
+        return None
+    return f"{p['cluster']}/{p['phase']} gpu{p['device_id']}"
 
 
-def _memory_cpu(run: Run) -> list[tuple[str, str]]:
+def _cpu_rss(p: dict[str, str]) -> str | None:
     """Resident memory of the worker process at the end of each phase."""
-    picked = []
-    for name in sorted(run.series):
-        p = M.MEMORY_CPU.match(name)
-        if p and (p["when"], p["kind"]) == ("end", "rss"):
-            picked.append((name, f"{p['cluster']}/{p['phase']} rss"))
-    return picked
+    return f"{p['cluster']}/{p['phase']} rss" if (p["when"], p["kind"]) == ("end", "rss") else None
 
 
+def _lag(p: dict[str, str]) -> str | None:
+    return f"{p['cluster']}/{p['phase']}" if p["stat"] == "lag" else None
+
+
+ENGINE = "Rollout engine: "
+HEALTH = "Rollout health: "
 SPECS: tuple[_Spec, ...] = (
-    _Spec(
-        "Score and reward",
-        "score",
-        _fixed(
-            out(M.CRITIC_SCORE, Stat.MEAN),
-            out(M.CRITIC_REWARDS, Stat.MEAN),
-            out(M.VAL_SCORE, Stat.MEAN),
-        ),
-        trend=True,
-    ),
-    _Spec(
-        "KL",
-        "nats",
-        _fixed(
-            out(M.ACTOR_REF_KL), out(M.ACTOR_KL_LOSS), out(M.ACTOR_APPROXKL), out(M.ACTOR_POLICYKL)
-        ),
-    ),
-    _Spec("Entropy", "nats per token", _fixed(out(M.CRITIC_ENTROPY, Stat.MEAN))),
-    _Spec(
+    spec("Score and reward", "score", Q.TRAIN_SCORE, Q.TRAIN_REWARD, Q.VAL_SCORE, trend=True),
+    spec("Accuracy", "fraction", Q.ACCURACY, zero=True),
+    spec("Policy loss", "loss", Q.POLICY_LOSS, Q.WEIGHTED_PG_LOSS, Q.TOTAL_LOSS, Q.ENTROPY_LOSS),
+    spec("Value loss", "loss", Q.VALUE_LOSS, Q.VALUE_ERROR),
+    spec("KL to the reference", "nats", Q.REF_KL, Q.KL_LOSS),
+    spec("KL to the old policy", "nats", Q.POLICY_KL),
+    spec("Entropy", "nats per token", Q.ENTROPY),
+    spec(
         "Clip fraction",
-        "fraction of tokens",
-        _fixed(
-            out(M.ACTOR_CLIPFRAC),
-            out(M.ACTOR_PPO_RATIO_CLIPFRAC),
-            out(M.ACTOR_PPO_RATIO_HIGH_CLIPFRAC),
-            out(M.ACTOR_PPO_RATIO_LOW_CLIPFRAC),
-            out(M.CRITIC_CLIPFRAC),
-        ),
+        "fraction",
+        Q.POLICY_CLIPFRAC,
+        Q.RATIO_CLIPFRAC,
+        Q.VALUE_CLIPFRAC,
+        zero=True,
+    ),
+    spec("Lengths", "tokens", Q.RESPONSE_LENGTH, Q.PROMPT_LENGTH, zero=True),
+    spec("Advantages, returns and values", "", Q.ADVANTAGES),
+    spec(HEALTH + "rollout minus trainer log-prob", "nats", Q.LOGPROB_DIFF),
+    spec(HEALTH + "rollout minus trainer probability", "probability", Q.PROBS_DIFF, zero=True),
+    spec(HEALTH + "trainer over rollout probability", "ratio", Q.PROB_RATIO),
+    spec(HEALTH + "staleness", "steps", Q.STALENESS, zero=True),
+    spec(ENGINE + "tokens", "tokens per step", Q.ENGINE_TOKENS, zero=True),
+    spec(ENGINE + "KV cache", "fraction", Q.ENGINE_CACHE, zero=True),
+    spec(ENGINE + "requests", "requests", Q.ENGINE_REQUESTS, zero=True),
+    spec(ENGINE + "time to first token", "s", Q.ENGINE_TTFT, zero=True),
+    spec(ENGINE + "end-to-end latency", "s", Q.ENGINE_E2E, zero=True),
+    spec(ENGINE + "inter-token latency", "s", Q.ENGINE_ITL, zero=True),
+    spec(ENGINE + "queue time", "s", Q.ENGINE_QUEUE, zero=True),
+    spec("Throughput", "tokens/s", Q.THROUGHPUT, zero=True),
+    _Spec("Phase time, slowest rank", "s", _templated(M.TIME_PHASE.match, _phase), zero=True),
+    _Spec(
+        "Phase GPU time, slowest rank", "s", _templated(M.TIME_PHASE_GPU.match, _phase), zero=True
+    ),
+    spec("Driver stages", "s", Q.DRIVER_STAGES, zero=True),
+    _Spec(
+        "Stragglers: slowest rank's lag behind the median",
+        "s",
+        _templated(M.STRAGGLER.match, _lag),
+        zero=True,
     ),
     _Spec(
-        "Lengths",
-        "tokens",
-        _fixed(
-            out(M.RESPONSE_LENGTH, Stat.MEAN),
-            out(M.RESPONSE_LENGTH, Stat.MAX),
-            out(M.PROMPT_LENGTH, Stat.MEAN),
-        ),
+        "GPU memory, peak allocated",
+        "GiB",
+        _and(_templated(M.MEMORY_GPU.match, _gpu_peak), _of(Q.GPU_MEMORY)),
+        zero=True,
+        quantities=(Q.GPU_MEMORY,),
     ),
-    _Spec("Throughput", "tokens/s", _fixed(out(M.SYSTEM_TPS))),
-    _Spec("GPU memory, peak allocated", "GiB", _memory_gpu),
-    _Spec("CPU memory, rss at phase end", "GiB", _memory_cpu),
+    _Spec(
+        "CPU memory",
+        "GiB",
+        _and(_templated(M.MEMORY_CPU.match, _cpu_rss), _of(Q.CPU_MEMORY)),
+        zero=True,
+        quantities=(Q.CPU_MEMORY,),
+    ),
+    spec("Samples logged", "rows", Q.SAMPLES, zero=True),
+    spec("Learning rate", "", Q.LEARNING_RATE),
+    spec("Gradient norm", "", Q.GRAD_NORM, zero=True),
+    spec("KL coefficient", "", Q.KL_COEF, zero=True),
+    spec("Validation diversity", "fraction", Q.DIVERSITY, zero=True),
+    spec("SFT loss", "nats", Q.SFT_LOSS),
 )
+KNOWN: tuple[Quantity, ...] = tuple(q for s in SPECS for q in s.quantities)
+"""Every quantity a panel draws: their names are not the run's own."""
 
 
-def plan(run: Run) -> list[Panel]:
-    """The catalog's panels for ``run`` (empty ``names``: not logged), then :func:`own_panels`."""
+def _common_prefix(names: Sequence[str]) -> str:
+    """The ``/``-ended start all ``names`` share ("" for fewer than two names).
+
+    >>> _common_prefix(["a/b/p50", "a/b/p99"]), _common_prefix(["a/x", "b/y"])
+    ('a/b/', '')
+    """
+    if len(names) < 2:
+        return ""
+    first, last = min(names), max(names)
+    i = 0
+    while i < min(len(first), len(last)) and first[i] == last[i]:
+        i += 1
+    return first[:i].rsplit("/", 1)[0] + "/" if "/" in first[:i] else ""
+
+
+def _panels(title: str, ylabel: str, picked: Picked, **kw: Any) -> list[Panel]:
+    """``picked`` as panels of at most :data:`MAX_LINES` lines, each colour once a panel."""
+    size = -(-len(picked) // -(-len(picked) // MAX_LINES))  # as even as can be: 11 -> 6 + 5
+    chunks = [picked[i : i + size] for i in range(0, len(picked), size)]
     panels = []
-    for spec in SPECS:
-        picked = spec.pick(run)
-        panels.append(
-            Panel(
-                spec.title,
-                spec.ylabel,
-                tuple(n for n, _ in picked),
-                tuple(label for _, label in picked),
-                spec.trend,
-            )
+    for index, chunk in enumerate(chunks):
+        prefix = ""
+        if all(name == label for name, label in chunk):
+            prefix = _common_prefix([n for n, _ in chunk])
+        lines = tuple(
+            Line(name, label[len(prefix) :], f"C{i}") for i, (name, label) in enumerate(chunk)
         )
-    return panels + own_panels(run)
+        part = f" ({index + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+        panels.append(Panel(title + part, ylabel, lines, legend_title=prefix, **kw))
+    return panels
 
 
 def own_names(run: Run) -> list[str]:
-    """The names ``run`` logged that the catalog does not know, sorted."""
-    return sorted(name for name in run.series if name not in M.CATALOG)
+    """The names ``run`` logged that neither the catalog nor a panel's quantity knows, sorted."""
+    return sorted(
+        name
+        for name in run.series
+        if name not in M.CATALOG and not any(q.matches(name) for q in KNOWN)
+    )
 
 
 def own_panels(run: Run) -> list[Panel]:
     """Panels of the run's own names: one per first path segment (``my/...``), at most
     ``OWN_PER_PANEL`` curves each, at most ``MAX_OWN_PANELS`` in all."""
     groups: dict[str, list[str]] = {}
-    for name in own_names(run):
-        groups.setdefault(name.split("/")[0], []).append(name)
+    for name in own_names(run):  # names without a "/" together, under ""
+        groups.setdefault(name.split("/")[0] if "/" in name else "", []).append(name)
     panels = []
-    for prefix, names in groups.items():
+    for prefix, names in sorted(groups.items()):
         for i in range(0, len(names), OWN_PER_PANEL):
-            chunk = tuple(names[i : i + OWN_PER_PANEL])
+            chunk = names[i : i + OWN_PER_PANEL]
             part = f" ({i // OWN_PER_PANEL + 1})" if len(names) > OWN_PER_PANEL else ""
-            title = f"{prefix}/*{part}" if any("/" in n for n in chunk) else "own names"
-            panels.append(Panel(title, "", chunk, chunk))
+            title = (f"{prefix}/*" if prefix else "own names") + part
+            lines = tuple(Line(n, n, f"C{j}") for j, n in enumerate(chunk))
+            panels.append(Panel(title, "", lines))
     return panels[:MAX_OWN_PANELS]
+
+
+def _buckets(run: Run, drawn: set[str]) -> set[str]:
+    """The histogram bucket counts behind a quantile drawn (the quantiles are read off them)."""
+    out: set[str] = set()
+    for h in M.HISTOGRAMS:
+        if any(e.name in drawn for e in h.quantile_entries.values()):
+            out.update(n for n in run.series if h.buckets.match(n))
+    return out
+
+
+def samples_note(samples: RunSamples | None) -> str:
+    """Where the run's sample rows are: which names, at which steps, and the command."""
+    if samples is None or not samples.steps:
+        return ""
+    names = sorted({n for by_name in samples.steps.values() for n in by_name})
+    last = max(samples.steps)
+    return (
+        f"samples ({', '.join(names)}) at steps {steps_text(list(samples.steps))}: "
+        f"rlpulse samples {samples.source} --step {last}"
+    )
+
+
+def plan(run: Run, samples: RunSamples | None = None) -> Plan:
+    """The panels of ``run`` that have data (the catalog's and the quantities', then
+    :func:`own_panels`), and the names logged that none draws."""
+    panels: list[Panel] = []
+    for s in SPECS:
+        picked = s.pick(run)
+        if picked:
+            panels += _panels(s.title, s.ylabel, picked, trend=s.trend, zero=s.zero)
+    panels += own_panels(run)
+    drawn = {n for p in panels for n in p.names}
+    logged = [n for n in run.series if run.has(n)]
+    buckets = _buckets(run, drawn)
+    not_drawn = tuple(sorted(n for n in logged if n not in drawn and n not in buckets))
+    return Plan(tuple(panels), len(logged), not_drawn, len(buckets), samples_note(samples))
 
 
 def rolling_mean(values: Sequence[float], window: int) -> list[float]:
@@ -189,68 +363,81 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
     return outv
 
 
-def draw_report(run: Run, path: str | Path, *, columns: int = 2) -> list[Panel]:
-    """Draw ``run`` into the PNG ``path``; returns the panels drawn."""
+def steps_range(steps: Sequence[int]) -> tuple[float, float]:
+    """The x range every panel shows: the run's first to last step, half a step beyond each
+    (a step either side of a run of one step).
+
+    >>> steps_range([1, 2, 3]), steps_range([6]), steps_range([])
+    ((0.5, 3.5), (5.0, 7.0), (0.0, 1.0))
+    """
+    if not steps:
+        return 0.0, 1.0
+    first, last = min(steps), max(steps)
+    pad = 0.5 if last > first else 1.0
+    return first - pad, last + pad
+
+
+COLUMNS = 3
+"""Panels per row of the figure (fewer when there are fewer panels)."""
+
+
+def figure(run: Run, the_plan: Plan, *, columns: int = COLUMNS) -> Any:
+    """The matplotlib ``Figure`` of ``the_plan`` (on an Agg canvas), not yet saved."""
     try:
         with needs_extra("report", "the report"):
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
+            from matplotlib.ticker import MaxNLocator
     except MissingExtra as exc:
         raise ReportError(str(exc)) from None
-    everything = plan(run)
-    panels = [p for p in everything if p.names]
-    missing = [p.title for p in everything if not p.names]
-    left = len(own_names(run)) - sum(len(p.names) for p in own_panels(run))
-    if not panels:  # nothing to draw: one empty panel that says so
-        panels = [Panel("nothing logged", "", (), ())]
+    panels = list(the_plan.panels) or [Panel("nothing logged", "", ())]
+    columns = max(1, min(columns, len(panels)))
     rows = -(-len(panels) // columns)
-    fig = Figure(figsize=(6.0 * columns, 3.2 * rows), layout="constrained")
+    header = the_plan.header(run, width=int(40 * columns))
+    fig = Figure(figsize=(6.4 * columns, 3.0 * rows + 0.25 * len(header)), layout="constrained")
     FigureCanvasAgg(fig)
-    partial = f", {run.partial} partial" if run.partial else ""
-    span = f"steps {run.steps[0]}-{run.steps[-1]}" if run.steps else "no steps"
-    notes = [f"not logged: {', '.join(missing)}"] if missing else []
-    if left > 0:
-        notes.append(f"{left} more names of the run's own not drawn")
-    title = f"{run.name}: {len(run.steps)} steps ({span}{partial})"
-    fig.suptitle("\n".join([title, *notes]), fontsize="medium")
+    x_range = steps_range(run.steps)
+    fig.suptitle("\n".join(header), fontsize="medium")
     for index, panel in enumerate(panels):
         ax = fig.add_subplot(rows, columns, index + 1)
-        ax.set_title(panel.title)
+        ax.set_title(panel.title, fontsize="medium")
         ax.set_xlabel("step")
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
-        if not panel.names:
-            ax.text(
-                0.5,
-                0.5,
-                "not logged",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                color="gray",
-            )
+        # Every panel spans the run's steps, ticked at whole steps only.
+        ax.set_xlim(*x_range)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        if not panel.lines:
+            ax.text(0.5, 0.5, "no names logged", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")  # fmt: skip
             continue
-        for name, label in zip(panel.names, panel.labels, strict=True):
-            steps, values = run.curve(name)
-            ax.plot(
-                steps, values, label=label, linewidth=1.2, marker="." if len(steps) < 30 else None
-            )
+        for line in panel.lines:
+            steps, values = run.curve(line.name)
+            ax.plot(steps, values, label=line.label, color=line.color, linewidth=1.2,
+                    marker="." if len(steps) < 30 else None)  # fmt: skip
         if panel.trend:
             steps, values = run.curve(panel.names[0])
             window = max(1, len(values) // 10)
             if window > 1:
-                ax.plot(
-                    steps,
-                    rolling_mean(values, window),
-                    "k--",
-                    linewidth=1.0,
-                    label=f"{panel.labels[0]} ({window}-step mean)",
-                )
-        ax.legend(fontsize="small")
+                ax.plot(steps, rolling_mean(values, window), color="black", linestyle="--",
+                        linewidth=1.0, label=f"{panel.labels[0]} ({window}-step mean)")  # fmt: skip
+        if panel.zero:  # from 0, with room above the highest point
+            highest = max((v for line in panel.lines for v in run.curve(line.name)[1]), default=0)
+            ax.set_ylim(0.0, max(ax.get_ylim()[1], 1.05 * highest))
+        # Beside the axes, never over the lines.
+        ax.legend(fontsize="small", title=panel.legend_title or None, title_fontsize="small",
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # fmt: skip
+    return fig
+
+
+def draw_report(run: Run, path: str | Path, samples: RunSamples | None = None) -> Plan:
+    """Draw ``run`` into the PNG ``path``; returns the plan drawn."""
+    the_plan = plan(run, samples)
+    fig = figure(run, the_plan)
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=100)
+        fig.savefig(path, format="png", dpi=80)
     except OSError as exc:
         raise ReportError(f"cannot write {path}: {exc.strerror}") from None
-    return panels
+    return the_plan
