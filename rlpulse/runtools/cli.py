@@ -40,7 +40,8 @@ from rlpulse.runtools.compare import (
     render,
     table,
 )
-from rlpulse.runtools.report import ReportError, draw_report, own_names
+from rlpulse.runtools.panels import own_names
+from rlpulse.runtools.report import ReportError, draw_report
 from rlpulse.runtools.runs import Run, RunFileError, load_run, load_runs
 from rlpulse.runtools.timeline import draw_timeline, load_trace, parse_steps
 from rlpulse.schemas.spans import trace_path

@@ -5,7 +5,7 @@ the reference...) with every name it is logged under, in order of preference: rl
 catalog name first (``rlpulse.schemas.metrics``, which the demo trainer and the README's worker
 log, and which verl shares where its names are the catalog's), then verl's and TRL's own names
 (``rlpulse.schemas.frameworks``). ``rlpulse report`` draws a panel of quantities
-(:mod:`rlpulse.runtools.report`); ``rlpulse compare`` fills a column with the first name of a
+(:mod:`rlpulse.runtools.panels`); ``rlpulse compare`` fills a column with the first name of a
 quantity the compared runs logged (:mod:`rlpulse.runtools.compare`). Neither spells a name or
 its meaning: adding a framework's name to a quantity here puts it under the right title in
 both.

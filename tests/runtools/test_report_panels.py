@@ -19,7 +19,8 @@ import pytest
 from matplotlib.colors import to_hex
 
 from rlpulse.runtools.cli import main
-from rlpulse.runtools.report import ENGINE, HEALTH, figure, own_names, plan
+from rlpulse.runtools.panels import ENGINE, HEALTH, own_names, plan
+from rlpulse.runtools.report import figure
 from rlpulse.runtools.runs import load_run
 from rlpulse.runtools.samples import load_run_samples
 from rlpulse.schemas import engine as E, frameworks as F, metrics as M

@@ -12,7 +12,7 @@ import pytest
 
 from rlpulse.runtools.cli import main
 from rlpulse.runtools.compare import render, table
-from rlpulse.runtools.report import own_names, own_panels, plan
+from rlpulse.runtools.panels import own_names, own_panels, plan
 from rlpulse.runtools.runs import RunFileError, load_run, load_runs
 from rlpulse.schemas import metrics as M
 
