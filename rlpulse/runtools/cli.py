@@ -10,7 +10,9 @@
     rlpulse compare A.jsonl B.jsonl --samples STEP [--name NAME] [--width W] [--lines L]
     rlpulse samples RUN.jsonl [--step N] [--name NAME] [--top|--bottom|--random] [--json]
 
-``compare`` shows every run of every file given, one row each. ``--config`` gives each file's
+``compare`` shows every run of every file given, one row each, with the score, loss, KL and
+throughput under the names the runs logged them (:mod:`rlpulse.runtools.compare`); a
+``--score`` or ``--kl`` no run logged is an error naming the nearest names they did log. ``--config`` gives each file's
 run configuration (YAML, e.g. the trainer's ``--config`` file), once per file and in the same
 order; without it, a ``config.yaml`` next to a jsonl file is used when there is one. ``--key``
 names a value in those configs by its dotted path (``ppo.actor_lr``); it becomes a column, and
@@ -38,7 +40,8 @@ from rlpulse.runtools.compare import (
     render,
     table,
 )
-from rlpulse.runtools.report import ReportError, draw_report, own_names
+from rlpulse.runtools.panels import own_names
+from rlpulse.runtools.report import ReportError, draw_report
 from rlpulse.runtools.runs import Run, RunFileError, load_run, load_runs
 from rlpulse.runtools.timeline import draw_timeline, load_trace, parse_steps
 from rlpulse.schemas.spans import trace_path
@@ -56,14 +59,19 @@ def _report(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     run = load_run(args.jsonl, args.run)
     _warn_repeats(run, "report", stderr)
     out = Path(args.out) if args.out else _default_png(Path(args.jsonl), args.run)
-    panels = draw_report(run, out)
-    drawn = [p for p in panels if p.names]
-    own = sum(1 for p in drawn if p.names[0] in own_names(run))
+    drawn = draw_report(run, out, samples.load_run_samples(args.jsonl, run.name))
+    own = set(own_names(run))
+    mine = sum(1 for p in drawn.panels if p.names[0] in own)
     print(
-        f"{out}: {run.name}, {len(run.steps)} steps, {len(drawn) - own} catalog panels with "
-        f"data, {own} of the run's own names",
+        f"{out}: {run.name}, {len(run.steps)} steps, {len(drawn.panels) - mine} panels of "
+        f"known names, {mine} of the run's own names",
         file=stdout,
     )
+    if drawn.not_drawn:
+        print(
+            f"logged, not drawn: {len(drawn.not_drawn)} names: {', '.join(drawn.not_drawn)}",
+            file=stdout,
+        )
     return 0
 
 
@@ -138,10 +146,10 @@ def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             labels[i] = f"{run.name} ({run.source})"
     for warning in missing_key_warnings(configs, args.key):
         print(f"rlpulse compare: warning: {warning}", file=stderr)
-    text = render(
-        table(runs, labels, configs=configs, keys=args.key, score=args.score, kl=args.kl),
-        args.format,
-    )
+    t = table(runs, labels, configs=configs, keys=args.key, score=args.score, kl=args.kl)
+    for note in t.notes:
+        print(f"rlpulse compare: note: {note}", file=stderr)
+    text = render(t, args.format)
     if args.out:
         Path(args.out).write_text(text + "\n")
         print(f"{args.out}: {len(runs)} runs", file=stdout)
@@ -185,9 +193,16 @@ def parser(prog: str = "rlpulse") -> argparse.ArgumentParser:
     )
     cmp_.add_argument("--format", choices=("markdown", "text"), default="markdown")
     cmp_.add_argument(
-        "--score", help="score metric (default val/score/mean if logged, else critic/score/mean)"
+        "--score",
+        help="the score metric, one name some run logged (default: the validation and the "
+        "training score, under the names the runs logged them: val/score/mean, "
+        "critic/score/mean, TRL's reward...)",
     )
-    cmp_.add_argument("--kl", help="KL metric (default actor/ref_kl if logged, else actor/kl_loss)")
+    cmp_.add_argument(
+        "--kl",
+        help="the KL metric, one name some run logged (default: actor/ref_kl if logged, else "
+        "actor/kl_loss, or verl's and TRL's names of them)",
+    )
     cmp_.add_argument("--out", help="write the table here instead of printing it")
     samples.add_compare_arguments(cmp_)
     samples.add_arguments(sub.add_parser("samples", help="a run's sample rows at one step"))

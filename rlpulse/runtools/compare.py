@@ -1,17 +1,25 @@
-"""A table comparing runs side by side: final and best score, max KL, mean throughput, and the
-configuration values the user names.
+"""A table comparing runs side by side: final and best score, final loss, max KL, mean
+throughput, and the configuration values the user names.
 
-Which scores: the validation score ``val/score/mean`` (held-out prompts, the honest number)
-and the training rollouts' ``critic/score/mean``, each when any compared run logged it. Which
-KL: ``actor/ref_kl`` (the policy's KL to the reference) when any run logged it, else
-``actor/kl_loss``. Choices are made once for all runs, so a column means the same thing in
-every row, and its header names the metric. Both can be forced (``score=``, ``kl=``).
+Each metric column is a quantity (:mod:`rlpulse.runtools.quantities`) under the first of its
+names a run logged, so a run of the demo trainer, of verl, of TRL or the README's worker fills
+the columns with its own names (runs that logged a quantity under different names get a
+column per name, :func:`columns`). Which scores: the validation score
+(``val/score/mean``, verl's ``val-core/...``, TRL's ``eval_reward``: held-out prompts, the
+honest number) and the training score (``critic/score/mean``, TRL's ``reward``), each when any
+compared run logged it. Which loss: the policy loss (``actor/pg_loss``), else the total loss
+(TRL's ``loss``). Which KL: the KL to the reference in the reward (``actor/ref_kl``, verl's
+``actor/reward_kl_penalty``), else in the loss (``actor/kl_loss``, TRL's ``kl``). A column
+means the same thing in every row, and its header names the metric. A quantity no run logged
+has no column (:attr:`Table.notes` says so for the score).
+Score and KL can be forced (``score=``, ``kl=``); a forced name no run logged is an error that
+names the nearest names the runs did log.
 
 >>> from rlpulse.runtools.runs import Run
 >>> a = Run("a", steps=(0, 1), series={"critic/score/mean": ((0, 0.25), (1, 0.5))})
 >>> print(render(table([a]), "text"))
-run  steps  final critic/score/mean  best (step) critic/score/mean  max actor/kl_loss  mean system/tps
-a    2      0.5                      0.5 (1)                        -                  -
+run  steps  final critic/score/mean  best (step) critic/score/mean
+a    2      0.5                      0.5 (1)
 """
 
 from __future__ import annotations
@@ -21,15 +29,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlpulse.runtools import quantities as Q
+from rlpulse.runtools.quantities import Quantity, first_logged
 from rlpulse.runtools.runs import Run
-from rlpulse.schemas import metrics as M
-from rlpulse.schemas.reductions import Stat
 
-VAL_SCORE = M.VAL_SCORE.output_names()[Stat.MEAN]
-TRAIN_SCORE = M.CRITIC_SCORE.output_names()[Stat.MEAN]
-REF_KL = M.ACTOR_REF_KL.name
-KL_LOSS = M.ACTOR_KL_LOSS.name
-TPS = M.SYSTEM_TPS.name
+SCORES: tuple[tuple[Quantity, ...], ...] = ((Q.VAL_SCORE,), (Q.TRAIN_SCORE,))
+"""The score columns, validation first; each shown when any run logged it."""
+LOSS: tuple[Quantity, ...] = (Q.POLICY_LOSS, Q.TOTAL_LOSS)
+KL: tuple[Quantity, ...] = (Q.REF_KL, Q.KL_LOSS)
+THROUGHPUT: tuple[Quantity, ...] = (Q.THROUGHPUT,)
 MISSING = "-"
 RUN_CONFIG = "config.yaml"
 """A run's configuration beside its jsonl file, read when no ``--config`` is given (the trainer
@@ -37,49 +45,25 @@ writes its resolved configuration under this name in the run directory)."""
 
 
 class CompareError(ValueError):
-    """Bad input to the comparison (a config key that is not a section path, etc.)."""
+    """Bad input to the comparison (a config key that is not a section path, a metric no run
+    logged, etc.)."""
 
 
-@dataclass(frozen=True)
-class Summary:
-    """The numbers of one row. ``None``: the run never logged that metric.
+def check_logged(runs: Sequence[Run], name: str, option: str) -> None:
+    """CompareError unless some run logged ``name`` (``option``: the flag that named it), with
+    the nearest names the runs did log.
 
-    >>> Summary("a", 3, 0, 0.5, 0.75, 2, None, 10.0).best_score
-    0.75
+    >>> check_logged([Run("a", series={"reward": ((1, 0.5),)})], "rewrd", "--score")
+    Traceback (most recent call last):
+    ...
+    rlpulse.runtools.compare.CompareError: --score rewrd: no run logged it; did you mean reward?
     """
-
-    label: str
-    steps: int
-    partial: int
-    final_score: float | None
-    best_score: float | None
-    best_step: int | None
-    max_kl: float | None
-    mean_tps: float | None
-
-
-def pick(runs: Sequence[Run], preferred: str, fallback: str) -> str:
-    """``preferred`` when any run logged it, else ``fallback``."""
-    return preferred if any(r.has(preferred) for r in runs) else fallback
-
-
-def scores_logged(runs: Sequence[Run]) -> list[str]:
-    """The score metrics to show: validation and training score, those any run logged."""
-    logged = [n for n in (VAL_SCORE, TRAIN_SCORE) if any(r.has(n) for r in runs)]
-    return logged or [TRAIN_SCORE]
-
-
-def summarize(run: Run, label: str, *, score: str, kl: str) -> Summary:
-    return Summary(
-        label=label,
-        steps=len(run.steps),
-        partial=run.partial,
-        final_score=run.last(score),
-        best_score=run.max(score),
-        best_step=run.argmax(score),
-        max_kl=run.max(kl),
-        mean_tps=run.mean(TPS),
-    )
+    if any(r.has(name) for r in runs):
+        return
+    logged = sorted({n for r in runs for n in r.series if r.has(n)})
+    near = difflib.get_close_matches(name, logged, n=4, cutoff=0.6)
+    hint = f"; did you mean {', '.join(near)}?" if near else " (no logged name is close to it)"
+    raise CompareError(f"{option} {name}: no run logged it{hint}")
 
 
 def config_value(config: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -170,6 +154,27 @@ class Table:
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     numeric: tuple[bool, ...]
+    notes: tuple[str, ...] = ()
+    """Why a column is missing: no compared run logged a score (under any of its names)."""
+
+
+def _absent(what: str, quantities: Sequence[Quantity]) -> str:
+    names = ", ".join(n for q in quantities for n in q.names)
+    return f"no run logged a {what} ({names}): no {what} column"
+
+
+def columns(quantities: Sequence[Quantity], runs: Sequence[Run]) -> list[str]:
+    """The names the columns of ``quantities`` show: each run's first name of them (in the
+    quantities' order of preference), each name once. Runs that logged a quantity under the
+    same name share a column; a TRL run beside a demo run gets one of its own.
+
+    >>> demo = Run("demo", series={"critic/score/mean": ((1, 0.5),)})
+    >>> trl = Run("trl", series={"reward": ((1, 0.7),)})
+    >>> columns(SCORES[1], [demo, trl, demo])
+    ['critic/score/mean', 'reward']
+    """
+    names = (first_logged(quantities, [run]) for run in runs)
+    return list(dict.fromkeys(n for n in names if n is not None))
 
 
 def table(
@@ -181,34 +186,49 @@ def table(
     score: str | None = None,
     kl: str | None = None,
 ) -> Table:
-    """One row per run; ``configs[i]`` is run i's configuration, ``keys`` the values shown."""
+    """One row per run; ``configs[i]`` is run i's configuration, ``keys`` the values shown.
+    ``score`` and ``kl`` force those columns' metric (CompareError if no run logged it)."""
     labels = list(labels) if labels is not None else [r.name for r in runs]
     configs = list(configs) if configs is not None else [None] * len(runs)
     if not len(labels) == len(configs) == len(runs):
         raise CompareError("need one label and one config (or None) per run")
-    scores = [score] if score else scores_logged(runs)
-    kl = kl or pick(runs, REF_KL, KL_LOSS)
+    if score:
+        check_logged(runs, score, "--score")
+    if kl:
+        check_logged(runs, kl, "--kl")
+    scores = [score] if score else [n for qs in SCORES for n in columns(qs, runs)]
+    losses, kls = columns(LOSS, runs), [kl] if kl else columns(KL, runs)
+    tps = columns(THROUGHPUT, runs)
+    # The score is what a comparison is for: say why there is none (the others are optional).
+    notes = () if scores else (_absent("score", [q for qs in SCORES for q in qs]),)
     header = [
         "run",
         "steps",
         *(f"{which} {name}" for name in scores for which in ("final", "best (step)")),
-        f"max {kl}",
-        f"mean {TPS}",
+        *(f"final {name}" for name in losses),
+        *(f"max {name}" for name in kls),
+        *(f"mean {name}" for name in tps),
         *keys,
     ]
     rows = []
     for run, label, config in zip(runs, labels, configs, strict=True):
-        cells = [label]
-        for i, name in enumerate(scores):
-            s = summarize(run, label, score=name, kl=kl)
-            if i == 0:
-                cells.append(f"{s.steps} ({s.partial} partial)" if s.partial else str(s.steps))
-            best = MISSING if s.best_score is None else f"{fmt(s.best_score)} ({s.best_step})"
-            cells += [fmt(s.final_score), best]
-        cells += [fmt(s.max_kl), fmt(s.mean_tps), *(fmt(config_value(config, k)) for k in keys)]
+        cells = [
+            label,
+            f"{len(run.steps)} ({run.partial} partial)" if run.partial else str(len(run.steps)),
+        ]
+        for name in scores:
+            best = run.max(name)
+            cells += [
+                fmt(run.last(name)),
+                MISSING if best is None else f"{fmt(best)} ({run.argmax(name)})",
+            ]
+        cells += [fmt(run.last(n)) for n in losses]
+        cells += [fmt(run.max(n)) for n in kls]
+        cells += [fmt(run.mean(n)) for n in tps]
+        cells += [fmt(config_value(config, k)) for k in keys]
         rows.append(tuple(cells))
     numeric = (False, *(True for _ in range(len(header) - 1 - len(keys))), *(False for _ in keys))
-    return Table(tuple(header), tuple(rows), numeric)
+    return Table(tuple(header), tuple(rows), numeric, notes)
 
 
 def render(t: Table, style: str = "markdown") -> str:

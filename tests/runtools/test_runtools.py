@@ -12,7 +12,7 @@ import pytest
 
 from rlpulse.runtools.cli import main
 from rlpulse.runtools.compare import render, table
-from rlpulse.runtools.report import own_names, own_panels, plan
+from rlpulse.runtools.panels import own_names, own_panels, plan
 from rlpulse.runtools.runs import RunFileError, load_run, load_runs
 from rlpulse.schemas import metrics as M
 
@@ -77,9 +77,9 @@ def test_report_draws_a_png_with_every_panel_the_run_has_data_for(tmp_path: Path
     out = tmp_path / "sub" / "ppo.png"
     code, stdout, _ = run_cli("report", str(PPO), "--out", str(out))
     assert code == 0, stdout
-    assert png_size(out) == (1200, 1280)
-    assert "7 catalog panels with data, 0 of the run's own names" in stdout
-    panels = {p.title: p.names for p in plan(load_run(PPO))}
+    assert png_size(out) == (1536, 760)  # 3 panels a row, 3 rows, and the header
+    assert "7 panels of known names, 0 of the run's own names" in stdout
+    panels = {p.title: p.names for p in plan(load_run(PPO)).panels}
     gpu = M.MEMORY_GPU.format(
         cluster="actor_train",
         phase="train_step",
@@ -90,13 +90,12 @@ def test_report_draws_a_png_with_every_panel_the_run_has_data_for(tmp_path: Path
     )
     assert panels == {
         "Score and reward": ("critic/score/mean", "val/score/mean"),
-        "KL": (M.ACTOR_REF_KL.name, M.ACTOR_KL_LOSS.name),
+        "KL to the reference": (M.ACTOR_REF_KL.name, M.ACTOR_KL_LOSS.name),
         "Entropy": ("critic/entropy/mean",),
         "Clip fraction": (M.ACTOR_CLIPFRAC.name,),
         "Lengths": ("tokens/response_length/mean", "tokens/response_length/max"),
         "Throughput": (M.SYSTEM_TPS.name,),
         "GPU memory, peak allocated": (gpu,),
-        "CPU memory, rss at phase end": (),
     }
 
 
@@ -105,22 +104,19 @@ def test_report_on_the_demo_output_uses_its_default_path(tmp_path: Path) -> None
     demo.write_text(DEMO.read_text())
     code, _, _ = run_cli("report", str(demo))
     assert code == 0
-    assert png_size(tmp_path / "demo-synthetic-report.png")[0] == 1200
-    panels = {p.title: p.labels for p in plan(load_run(demo))}
+    assert png_size(tmp_path / "demo-synthetic-report.png")[0] == 1536
+    panels = {p.title: p.labels for p in plan(load_run(demo)).panels}
     assert panels["Clip fraction"] == (M.ACTOR_PPO_RATIO_CLIPFRAC.name,)
-    assert panels["CPU memory, rss at phase end"] == (
-        "actor_train/train_step rss",
-        "critic/compute_values rss",
-    )
-    assert panels["KL"] == ()  # the demo logs no KL: left out, named in the title
+    assert panels["CPU memory"] == ("actor_train/train_step rss", "critic/compute_values rss")
+    assert "KL to the reference" not in panels  # the demo logs no KL: no empty panel
 
 
 def test_report_draws_the_runs_own_names_and_leaves_out_empty_panels(tmp_path: Path) -> None:
     """A job that logs names of its own (issue 40: its report was eight "not logged" panels):
-    its names are drawn, grouped by their first segment, and the catalog panels without data
-    are left out of the picture."""
+    its names are drawn, grouped by their first segment (names without one together), and the
+    catalog panels without data are left out of the picture."""
     jsonl = tmp_path / "own.jsonl"
-    names = [f"my/loss_{i}" for i in range(8)] + ["eval/accuracy", "bare"]
+    names = [f"my/loss_{i}" for i in range(8)] + ["eval/accuracy", "bare", "other"]
     jsonl.write_text(
         "".join(
             json.dumps(
@@ -142,19 +138,19 @@ def test_report_draws_the_runs_own_names_and_leaves_out_empty_panels(tmp_path: P
     assert own["my/* (1)"] == tuple(sorted(names[:8])[:6])
     assert own["my/* (2)"] == tuple(sorted(names[:8])[6:])
     assert own["eval/*"] == ("eval/accuracy",)
-    assert own["own names"] == ("bare",)
+    assert own["own names"] == ("bare", "other")
     out = tmp_path / "own.png"
     code, stdout, _ = run_cli("report", str(jsonl), "--out", str(out))
     assert code == 0
-    assert "1 catalog panels with data, 4 of the run's own names" in stdout
-    assert png_size(out) == (1200, 960)  # 5 panels drawn, in 3 rows: no empty catalog panels
+    assert "1 panels of known names, 4 of the run's own names" in stdout
+    assert png_size(out) == (1536, 520)  # 5 panels drawn, in 2 rows: no empty catalog panels
 
 
 EXPECTED_MARKDOWN = """\
-| run            | steps | final val/score/mean | best (step) val/score/mean | final critic/score/mean | best (step) critic/score/mean | max actor/ref_kl | mean system/tps | ppo.lr | ppo.batch_size |
-| -------------- | ----: | -------------------: | -------------------------: | ----------------------: | ----------------------------: | ---------------: | --------------: | ------ | -------------- |
-| demo-synthetic | 6     | -                    | -                          | 0.375                   | 0.375 (2)                     | -                | 6695.5          | 1e-06  | 32             |
-| ppo-kl         | 8     | 0.55                 | 0.55 (7)                   | 0.8                     | 0.8 (7)                       | 0.125            | 20012.8         | 3e-06  | -              |
+| run            | steps | final val/score/mean | best (step) val/score/mean | final critic/score/mean | best (step) critic/score/mean | final actor/pg_loss | max actor/ref_kl | mean system/tps | ppo.lr | ppo.batch_size |
+| -------------- | ----: | -------------------: | -------------------------: | ----------------------: | ----------------------------: | ------------------: | ---------------: | --------------: | ------ | -------------- |
+| demo-synthetic | 6     | -                    | -                          | 0.375                   | 0.375 (2)                     | -0.02292            | -                | 6695.5          | 1e-06  | 32             |
+| ppo-kl         | 8     | 0.55                 | 0.55 (7)                   | 0.8                     | 0.8 (7)                       | -                   | 0.125            | 20012.8         | 3e-06  | -              |
 """
 
 
@@ -186,7 +182,7 @@ def test_compare_prints_the_expected_numbers_and_config_values(tmp_path: Path) -
 
 def test_compare_text_format_forced_metrics_and_output_file(tmp_path: Path) -> None:
     out = tmp_path / "table.txt"
-    code, stdout, _ = run_cli(
+    code, stdout, err = run_cli(
         "compare",
         str(PPO),
         "--format",
@@ -199,6 +195,7 @@ def test_compare_text_format_forced_metrics_and_output_file(tmp_path: Path) -> N
         str(out),
     )
     assert code == 0 and stdout.startswith(str(out))
+    assert err == ""  # no loss column (ppo-kl logs none), without a word: not a score
     assert out.read_text().splitlines() == [
         "run     steps  final critic/score/mean  best (step) critic/score/mean  max actor/kl_loss  mean system/tps",
         "ppo-kl  8      0.8                      0.8 (7)                        0.04               20012.8",

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlpulse.producer.values import Fraction, Weighted
+from rlpulse.schemas import frameworks as F
 from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.integrations.trl")
@@ -45,14 +46,15 @@ log = logging.getLogger("rlpulse.integrations.trl")
 TESTED_TRL = ("1.16",)
 """TRL versions (major.minor) whose ``_compute_loss`` this hook was checked against."""
 
-LOSS = "loss"
-ENTROPY = "entropy"
-KL = "kl"
-CLIP_LOW = "clip_ratio/low_mean"
-CLIP_HIGH = "clip_ratio/high_mean"
-CLIP_REGION = "clip_ratio/region_mean"
-CISPO_CLIP = "cispo_clip_ratio"
-VESPO_PHI = "vespo/phi_seq_mean"
+# TRL's names (rlpulse.schemas.frameworks)
+LOSS = F.TRL_LOSS
+ENTROPY = F.TRL_ENTROPY
+KL = F.TRL_KL
+CLIP_LOW = F.TRL_CLIP_LOW
+CLIP_HIGH = F.TRL_CLIP_HIGH
+CLIP_REGION = F.TRL_CLIP_REGION
+CISPO_CLIP = F.TRL_CISPO_CLIP
+VESPO_PHI = F.TRL_VESPO_PHI
 MEAN, FRACTION = "mean", "fraction"
 
 _TOKEN_LOSSES = {"bnpo", "dapo", "cispo", "vespo"}

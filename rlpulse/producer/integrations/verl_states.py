@@ -26,31 +26,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlpulse.producer.values import Fraction, Weighted
+from rlpulse.schemas import frameworks as F, metrics as M
 
 ACTOR_ROLE = "actor"
 CRITIC_ROLE = "critic"
 """The roles the hooked workers log as (rank and world size: the worker's ``RANK``, ``WORLD_SIZE``)."""
 
 
-PG_LOSS = "actor/pg_loss"
-
-
-PG_CLIPFRAC = "actor/pg_clipfrac"
-
-
-PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
-
-
-PPO_KL = "actor/ppo_kl"
-
-
-VF_LOSS = "critic/vf_loss"
-
-
-VF_CLIPFRAC = "critic/vf_clipfrac"
-
-
-VPRED_MEAN = "critic/vpred_mean"
+# verl's names (rlpulse.schemas.frameworks), two of them the catalog's.
+PG_LOSS = M.ACTOR_PG_LOSS.name
+PG_CLIPFRAC = F.VERL_PG_CLIPFRAC
+PG_CLIPFRAC_LOWER = M.ACTOR_PG_CLIPFRAC_LOWER.name
+PPO_KL = F.VERL_PPO_KL
+VF_LOSS = F.VERL_VF_LOSS
+VF_CLIPFRAC = F.VERL_VF_CLIPFRAC
+VPRED_MEAN = F.VERL_VPRED_MEAN
 
 
 REDUCTIONS = {
