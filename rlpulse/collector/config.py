@@ -50,6 +50,8 @@ class CollectorConfig:
       roles to register, unless a producer declared the run's roles (``expected_roles``).
     * ``liveness_s``: a producer silent this long (heartbeats stopped) is presumed dead; the
       steps it has not finished are emitted partial without waiting out the grace period.
+      A relay below is presumed dead (its ranks gone) only when silent for the longer of
+      ``grace_s`` and ``liveness_s`` (``rlpulse.collector.tiers.watch``).
     * ``max_open_steps``: open steps per run; producers that would open more are held back
       (unacknowledged, asked again once steps are emitted); past 8 times as many (a batch
       overshooting the window), the oldest is emitted partial.

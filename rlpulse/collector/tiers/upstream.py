@@ -10,10 +10,18 @@ sink's thread whenever nothing went up for ``HEARTBEAT_S`` (:meth:`UpstreamSink.
 as records of the outbox: a relay whose ``state_dir`` is full emits nothing, and without them
 the root presumed its ranks dead after ``liveness_s`` (149 of 250 steps partial for a 15 s
 fill), with nothing on the root to say why.
+
+The root may hold a relay back, as it holds a producer ahead of the others (its ranks are
+ahead of a run's ``max_open_steps`` window: ``rlpulse.collector.tiers.watch.admits``): an
+acknowledgement says ``hold``. The record then waits, with no time limit while the root
+answers: the sink heartbeats meanwhile (asking for an answer, so the root keeps hearing of
+the relay and the relay of the root), offers the record again every ``HEARTBEAT_S``, and goes
+on at the ``go`` or ``resend`` that lets it. Records behind it wait in the outbox.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.collector.tiers.relay import HEARTBEAT_S, RelayRecord
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Member, TableDecl
+
+log = logging.getLogger("rlpulse.collector.tiers.upstream")
 
 
 def relay_id(state_dir: str | None) -> int:
@@ -72,6 +83,12 @@ class UpstreamSink(Sink):
         """The state the root last heard."""
         self._beat_at = -HEARTBEAT_S
         """When anything last went up (``time.monotonic``)."""
+        self.held = False
+        """The collector above holds this relay back (an ack said ``hold``, none since said
+        ``go`` or ``resend``)."""
+        self._answer_at = 0.0
+        """When the collector above last acknowledged anything (``time.monotonic``)."""
+        self._ratelog = RateLimitedLog(log, interval_s=60.0)
 
     def report(self, state: Mapping[str, int]) -> None:
         """The relay's own state for its next heartbeats (``RELAY_STAT_KEYS``); any thread."""
@@ -88,12 +105,14 @@ class UpstreamSink(Sink):
         if changed or time.monotonic() - self._beat_at >= HEARTBEAT_S:
             self._heartbeat()
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, answer: bool = False) -> None:
+        """A heartbeat with the relay's state; ``answer``: asking for an acknowledgement."""
         self._pump(0.0)
         if self._connected and self._answered:
             with self._state_lock:
                 stats = dict(self._state)
-            self._link().send(protocol.encode(protocol.Heartbeat(self.producer_id, 0, stats)))
+            beat = protocol.Heartbeat(self.producer_id, 0, stats, flush=answer)
+            self._link().send(protocol.encode(beat))
             self._beat_at, self._told = time.monotonic(), stats
 
     def open(self) -> None:
@@ -116,9 +135,9 @@ class UpstreamSink(Sink):
         link = self._link()
         for event in link.events(wait_s if not self._connected else 0.0):
             if event is Link.CONNECTED:
-                self._connected, self._answered = True, False
+                self._connected, self._answered, self.held = True, False, False
             elif event is Link.DISCONNECTED:
-                self._connected, self._answered = False, False
+                self._connected, self._answered, self.held = False, False, False
         deadline = time.monotonic() + (wait_s if self._connected else 0.0)
         while True:
             payload = link.receive()
@@ -134,7 +153,17 @@ class UpstreamSink(Sink):
             if isinstance(msg, protocol.Ack):
                 self.member_late.update(msg.members)
                 self._answered = True
-                self._acked = max(self._acked, msg.seq)
+                progressed, self._acked = msg.seq > self._acked, max(self._acked, msg.seq)
+                self._answer_at = time.monotonic()
+                if msg.hold and not self.held:
+                    self._ratelog.warn(
+                        "hold",
+                        f"the collector above ({self.config.upstream}) holds this relay back: "
+                        "its ranks are ahead of others their run waits for (max_open_steps); "
+                        "forwarding goes on once it has room, meanwhile records wait here",
+                    )
+                if msg.hold or msg.go or msg.resend or progressed:  # it applied ours: let go
+                    self.held = msg.hold
                 return
 
     def _hello(self, base: int) -> None:
@@ -150,15 +179,29 @@ class UpstreamSink(Sink):
 
     def _until(self, done: Any, send: Any) -> None:
         """Send (again whenever the collector above has not answered within a second, or
-        after a reconnection) until ``done()``; raise after ``timeout_s``."""
+        after a reconnection) until ``done()``; raise after ``timeout_s`` without an answer.
+        While the collector above holds this relay back, heartbeat and offer it again every
+        ``HEARTBEAT_S`` instead, for as long as it answers (see the module docstring)."""
         deadline = time.monotonic() + self.timeout_s
         sent_at = -1.0
         while not done():
             now = time.monotonic()
+            if self.held:  # flow control: the root answers (each heartbeat), lets us go later
+                deadline = max(deadline, self._answer_at + HEARTBEAT_S + self.timeout_s)
             if now >= deadline:
                 raise TimeoutError(f"the collector above ({self.config.upstream}) did not answer")
             if not self._connected:
                 self._pump(min(0.1, deadline - now))
+                continue
+            if self.held:
+                if now - self._beat_at >= HEARTBEAT_S:
+                    self._heartbeat(answer=True)  # alive to the root, and asks for an answer
+                    if self.held and not done():
+                        send()  # taken if there is room now; kept there, once, if not
+                    sent_at = now
+                self._pump(0.05)
+                if not self.held:
+                    sent_at = -1.0  # let go: at once
                 continue
             if now - sent_at >= 1.0 or not self._answered:
                 send()
