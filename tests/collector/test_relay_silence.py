@@ -121,6 +121,7 @@ def test_a_relay_silent_past_the_bound_is_presumed_dead_and_its_ranks_named(capl
     assert t.out[1].missing == ("actor_train/0", "actor_train/1")
     assert t.root.health.relays_presumed_dead == 1 and t.root.health.relays_silent == 0
     assert "relay a (host h) silent for" in caplog.text and ": presumed dead" in caplog.text
+    assert "the 1 open steps that waited for them go out partial" in caplog.text
     finish(t, 2, pids=(3, 4))
     assert [r.step for r in t.out] == [0, 1, 2] and t.out[2].partial, "not waiting any more"
     assert t.out[2].ranks == 2

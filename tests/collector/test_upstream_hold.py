@@ -121,3 +121,32 @@ def test_a_relay_let_go_sends_its_record_again_at_once_when_asked(flag: str) -> 
         assert not sink.held
         root.ack(1, asks=True)
     assert not errors
+
+
+def test_a_relay_frozen_while_it_waits_for_an_answer_leaves_its_freeze_out() -> None:
+    """The relay itself stopped for 30 s mid-send (SIGSTOP): that is no silence of the root,
+    so it tries for a whole ``timeout_s`` of its own running after it, instead of giving up
+    (and logging a failed write) the moment it runs again."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.01
+        return now[0]
+
+    config = CollectorConfig(upstream="tcp://127.0.0.1:1", trackers={})  # type: ignore[arg-type]
+    sink = UpstreamSink(config, RELAY, timeout_s=1.0, clock=clock)
+    sent: list[float] = []
+    sink._transport = type("Link", (), {"send": lambda self, payload: sent.append(now[0])})()
+    sink._connected = sink._answered = True
+
+    def pump(wait_s: float) -> None:  # the root never answers; the relay freezes once
+        if 0.5 <= now[0] < 0.6:
+            now[0] += 30.0
+
+    sink._pump = pump  # type: ignore[method-assign]
+    delta = protocol.Delta(RELAY, 1, "r", [], [(5, 0)], [], [], [])
+    record = RelayRecord("delta", seq=1, run="r", step=0, message=protocol.encode(delta))
+    with pytest.raises(TimeoutError):
+        sink.write(record)
+    assert now[0] >= 31.0, "a whole timeout_s after the freeze"
+    assert any(t > 30.5 for t in sent), "and it sent again meanwhile"

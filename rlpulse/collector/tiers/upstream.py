@@ -25,11 +25,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.loopclock import LOOP_GAP_S
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.collector.tiers.relay import HEARTBEAT_S, RelayRecord
@@ -64,8 +65,15 @@ class UpstreamSink(Sink):
 
     name = "upstream"
 
-    def __init__(self, config: CollectorConfig, producer_id: int, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: CollectorConfig,
+        producer_id: int,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self._clock = clock
         self.producer_id = producer_id
         self.timeout_s = timeout_s
         self._transport: Any = None
@@ -82,12 +90,12 @@ class UpstreamSink(Sink):
         self._told: dict[str, int] = {}
         """The state the root last heard."""
         self._beat_at = -HEARTBEAT_S
-        """When anything last went up (``time.monotonic``)."""
+        """When anything last went up (``clock``)."""
         self.held = False
         """The collector above holds this relay back (an ack said ``hold``, none since said
         ``go`` or ``resend``)."""
         self._answer_at = 0.0
-        """When the collector above last acknowledged anything (``time.monotonic``)."""
+        """When the collector above last acknowledged anything (``clock``)."""
         self._ratelog = RateLimitedLog(log, interval_s=60.0)
 
     def report(self, state: Mapping[str, int]) -> None:
@@ -102,7 +110,7 @@ class UpstreamSink(Sink):
         ``state_dir`` full)."""
         with self._state_lock:
             changed = self._state != self._told
-        if changed or time.monotonic() - self._beat_at >= HEARTBEAT_S:
+        if changed or self._clock() - self._beat_at >= HEARTBEAT_S:
             self._heartbeat()
 
     def _heartbeat(self, answer: bool = False) -> None:
@@ -113,7 +121,7 @@ class UpstreamSink(Sink):
                 stats = dict(self._state)
             beat = protocol.Heartbeat(self.producer_id, 0, stats, flush=answer)
             self._link().send(protocol.encode(beat))
-            self._beat_at, self._told = time.monotonic(), stats
+            self._beat_at, self._told = self._clock(), stats
 
     def open(self) -> None:
         pass  # the socket is made on the sink's own thread, at the first write
@@ -138,11 +146,11 @@ class UpstreamSink(Sink):
                 self._connected, self._answered, self.held = True, False, False
             elif event is Link.DISCONNECTED:
                 self._connected, self._answered, self.held = False, False, False
-        deadline = time.monotonic() + (wait_s if self._connected else 0.0)
+        deadline = self._clock() + (wait_s if self._connected else 0.0)
         while True:
             payload = link.receive()
             if payload is None:
-                if time.monotonic() >= deadline:
+                if self._clock() >= deadline:
                     return
                 time.sleep(0.0005)
                 continue
@@ -154,7 +162,7 @@ class UpstreamSink(Sink):
                 self.member_late.update(msg.members)
                 self._answered = True
                 progressed, self._acked = msg.seq > self._acked, max(self._acked, msg.seq)
-                self._answer_at = time.monotonic()
+                self._answer_at = self._clock()
                 if msg.hold and not self.held:
                     self._ratelog.warn(
                         "hold",
@@ -179,13 +187,18 @@ class UpstreamSink(Sink):
 
     def _until(self, done: Any, send: Any) -> None:
         """Send (again whenever the collector above has not answered within a second, or
-        after a reconnection) until ``done()``; raise after ``timeout_s`` without an answer.
+        after a reconnection) until ``done()``; raise after ``timeout_s`` without an answer
+        (this relay's own pauses left out, as ``rlpulse.collector.loopclock`` leaves them out).
         While the collector above holds this relay back, heartbeat and offer it again every
         ``HEARTBEAT_S`` instead, for as long as it answers (see the module docstring)."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = last = self._clock()
+        deadline += self.timeout_s
         sent_at = -1.0
         while not done():
-            now = time.monotonic()
+            now = self._clock()
+            if now - last > LOOP_GAP_S:  # this relay did not run (frozen): not the root's delay
+                deadline += now - last
+            last = now
             if self.held:  # flow control: the root answers (each heartbeat), lets us go later
                 deadline = max(deadline, self._answer_at + HEARTBEAT_S + self.timeout_s)
             if now >= deadline:

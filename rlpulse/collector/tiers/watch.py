@@ -119,9 +119,10 @@ def has_room(membership: Membership, runs: Mapping[str, Run], relay: int, window
     window free again, or waits for its ranks at its oldest open step. (``admits`` decides,
     delta by delta, what goes in.)"""
     info = membership.relays.get(relay)
-    if info is None:
+    names = set(info.aliases.values()) if info is not None else set()
+    if not names:
         return True
-    for name in set(info.aliases.values()):
+    for name in names:
         run = runs.get(name)
         if run is None or len(run.steps) <= window // 2:
             return True
@@ -148,6 +149,9 @@ class RelayWatch:
         """Per relay with ranks running behind it, what it was at the last check."""
         self._quiet_from: dict[int, float] = {}
         """Per relay silent at the last check, when it last spoke before."""
+        self._waited: dict[int, int] = {}
+        """Per relay, the open steps waiting for its ranks at the last check (those that go
+        out partial once it is presumed dead: gone by the time it is seen dead)."""
         self._next = 0.0
 
     def check(self, runs: Mapping[str, Run], now: float) -> None:
@@ -163,13 +167,16 @@ class RelayWatch:
             if not slots:  # nothing runs behind it (yet, or any more): nothing waits for it
                 self._states.pop(relay.pid, None)
                 self._quiet_from.pop(relay.pid, None)
+                self._waited.pop(relay.pid, None)
                 continue
             silent_s = max(0.0, now - relay.last_seen)
             current = state(silent_s, self.silent_s, self.dead_s)
             counts[current] = counts.get(current, 0) + 1
             waiting = _waiting(runs, slots)
-            self._note(relay, self._states.get(relay.pid, SPEAKING), current, silent_s, waiting)
-            self._states[relay.pid] = current
+            was = self._states.get(relay.pid, SPEAKING)
+            waited = self._waited.get(relay.pid, waiting) if current == DEAD else waiting
+            self._note(relay, was, current, silent_s, waited)
+            self._states[relay.pid], self._waited[relay.pid] = current, waiting
             rows[(f"{relay.pid:x}", relay.host)] = {
                 "silent_seconds": round(silent_s, 3),
                 "waiting_steps": waiting,
@@ -212,8 +219,9 @@ class RelayWatch:
         elif now_is == DEAD:
             log.warning(
                 "%s silent for %.1fs (the longer of grace_s and liveness_s): presumed dead; "
-                "its ranks are presumed gone and %d open steps waiting for them go out partial "
-                "naming them, until it speaks again (rlpulse_collector_relays_presumed_dead)",
+                "its ranks are presumed gone, and the %d open steps that waited for them go out "
+                "partial naming them, until it speaks again "
+                "(rlpulse_collector_relays_presumed_dead)",
                 who,
                 silent_s,
                 waiting,
