@@ -50,6 +50,8 @@ class CollectorConfig:
       roles to register, unless a producer declared the run's roles (``expected_roles``).
     * ``liveness_s``: a producer silent this long (heartbeats stopped) is presumed dead; the
       steps it has not finished are emitted partial without waiting out the grace period.
+      A relay below is presumed dead (its ranks gone) only when silent for the longer of
+      ``grace_s`` and ``liveness_s`` (``rlpulse.collector.tiers.watch``).
     * ``run_retention_s``: a run that has ended (no open step, every producer said goodbye or
       is presumed gone) is kept this long, then forgotten: its state leaves memory, the
       checkpoint, the sinks' cursors and ``/metrics``; a compact tombstone keeps late data of

@@ -220,10 +220,28 @@ class Health:
         "default, or a host not in sd_targets.allow); once per registration.",
     )
 
+    relays_silent = SelfMetric(
+        "rlpulse_collector_relays_silent",
+        "Relays below this collector silent for liveness_s or longer, with ranks running "
+        "behind them: not taken for dead ranks, their steps wait as for slow ranks (grace_s) "
+        "until they speak again or are presumed dead.",
+        "gauge",
+    )
+    relays_presumed_dead = SelfMetric(
+        "rlpulse_collector_relays_presumed_dead",
+        "Relays below this collector silent for max(grace_s, liveness_s) or longer, with "
+        "ranks behind them: presumed dead, their ranks gone, the steps waiting for them "
+        "emitted partial naming them, until they speak again.",
+        "gauge",
+    )
+
     def __init__(self, *, sinks: Callable[[], Mapping[str, Mapping[str, float]]] = dict) -> None:
         for metric in self.declared():
             setattr(self, metric.key, 0)
         self.malformed: Counter[str] = Counter()
+        self.relays: Mapping[tuple[str, str], Mapping[str, float]] = {}
+        """Per relay below with ranks running behind it, by (relay id, host): its
+        ``RELAY_METRICS`` (``rlpulse.collector.tiers.watch``; replaced whole, never changed)."""
         self.producer_stats: dict[int, Mapping[str, int]] = {}
         self._forgotten: Counter[str] = Counter()
         """The last counters of producers forgotten since (their runs ended long ago), so
@@ -263,6 +281,7 @@ class Health:
             out[metric.key] = self._producers_total(keys)
         out["malformed"] = dict(self.malformed)
         out["sinks"] = {k: dict(v) for k, v in self._sinks().items()}
+        out["relays"] = {k: dict(v) for k, v in self.relays.items()}
         return out
 
 
@@ -303,6 +322,25 @@ RELAYS_UNWRITABLE = SelfMetric(
     "gauge",
     key="relays_state_unwritable",
 )
+RELAY_METRICS: tuple[SelfMetric, ...] = (
+    SelfMetric(
+        "rlpulse_collector_relay_silent_seconds",
+        "Seconds since this collector last heard from a relay below it that has ranks "
+        "running behind it (it speaks every few seconds): from liveness_s on it is silent, "
+        "from max(grace_s, liveness_s) presumed dead.",
+        "gauge",
+        "silent_seconds",
+    ),
+    SelfMetric(
+        "rlpulse_collector_relay_waiting_steps",
+        "Open steps waiting for ranks behind a relay below this collector (held for them "
+        "while it is silent, until it speaks again or is presumed dead).",
+        "gauge",
+        "waiting_steps",
+    ),
+)
+"""Per relay below (labels ``relay``, its id as in the log, and ``host``), read from the
+snapshot's ``relays`` by key."""
 PRODUCER_COUNTERS = (
     (PRODUCER_DROPPED, _SENDER_DROPS),
     (PRODUCER_ERRORS, ("errors",)),
@@ -340,3 +378,4 @@ def exported() -> Iterator[SelfMetric]:
     yield from HTTP_METRICS
     yield MALFORMED
     yield from SINK_METRICS
+    yield from RELAY_METRICS

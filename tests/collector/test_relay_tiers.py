@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.tiers.relay import HEARTBEAT_S
+from rlpulse.collector.tiers.watch import dead_after
 from rlpulse.schemas import Summary, metrics as M, protocol as P
 from tests.collector.helpers import TIMING, hello, metrics
 from tests.collector.tiers import Tiers
@@ -130,8 +132,14 @@ def test_endpoints_behind_a_relay_are_listed_at_the_root_until_gone() -> None:
     assert [r.step for r in t.out] == [0] and not t.out[0].partial, "never waits for the engine"
     t.send("A", P.Bye(9, 2, {}))
     assert listed() == [(rank_url, "actor_train", 0)], "the engine's goodbye reached the root"
-    later = t.clock[0] + TIMING["liveness_s"]  # relay A silent until then: all presumed gone
-    assert t.root.membership.scrape_targets(later) == []
+    # Relay A silent past liveness_s says nothing of its ranks; presumed dead, all are gone.
+    assert listed_at(t, t.clock[0] + TIMING["liveness_s"]) == [(rank_url, "actor_train", 0)]
+    dead = t.clock[0] + dead_after(CollectorConfig(**TIMING))  # type: ignore[arg-type]
+    assert t.root.membership.scrape_targets(dead) == []
+
+
+def listed_at(t: Tiers, now: float) -> list[tuple[str, str, int]]:
+    return sorted((s.url, s.role, s.rank) for s in t.root.membership.scrape_targets(now))
 
 
 def test_a_rank_restarted_behind_another_relay_never_makes_a_step_complete_without_it() -> None:

@@ -38,6 +38,7 @@ from rlpulse.collector.runs.retention import Ended
 from rlpulse.collector.runs.run import Run
 from rlpulse.collector.runs.spans import SpanReader
 from rlpulse.collector.runs.steps import StepState
+from rlpulse.collector.tiers import watch
 from rlpulse.collector.tiers.delta import apply_delta
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
@@ -78,7 +79,11 @@ class Aggregator:
             health=self.health,
             local=self.output.local,
             retention_s=config.run_retention_s,
+            relay_dead_s=watch.dead_after(config),
         )
+        self.relay_watch = watch.RelayWatch(self.membership, self.health, config)
+        """What the relays below are (speaking, silent, presumed dead), said in the log and
+        on /metrics."""
         self.runs: dict[str, Run] = {}
         self.ended = Ended(config.run_retention_s)
         self.forgotten_pids: list[int] = []
@@ -216,7 +221,10 @@ class Aggregator:
         forcing the oldest steps out partial. A ``closing`` producer (its goodbye has come,
         behind the data held back) is admitted up to the hard bound
         (``completion.HARD_OPEN_FACTOR`` times the window), so its ``close()`` need not wait
-        for the others to catch up (``completion.admits``)."""
+        for the others to catch up (``completion.admits``). A relay's delta likewise, when
+        every rank behind the relay is ahead (``rlpulse.collector.tiers.watch.admits``)."""
+        if type(msg) is protocol.Delta:  # a relay ahead of the others waits as a producer
+            return watch.admits(self.membership, self.runs, msg, self.config.max_open_steps)
         if type(msg) is not protocol.Metrics:
             return True
         prod = self.membership.producers.get(msg.producer)
@@ -231,6 +239,8 @@ class Aggregator:
         is free again, or it now owes the oldest open step. (Woken at the first free step,
         a producer far ahead resent everything it held for one step's room, and was held
         again: a storm of resends, many times its data, while the others caught up.)"""
+        if pid in self.membership.relays:
+            return watch.has_room(self.membership, self.runs, pid, self.config.max_open_steps)
         prod = self.membership.producers.get(pid)
         run = self.runs.get(prod.run) if prod is not None else None
         if prod is None or run is None:
@@ -268,6 +278,7 @@ class Aggregator:
             for state, missing in run.due(now, self.config):
                 self._emit(run, state, missing)
         self.output.after(self, now)
+        self.relay_watch.check(self.runs, now)
         self._now = now
         if self.ended.sweep_due(now):
             self._forget_ended(now)

@@ -56,8 +56,11 @@ class Membership:
         health: Health,
         local: bool = False,
         retention_s: float = 3600.0,
+        relay_dead_s: float | None = None,
     ) -> None:
         self.liveness_s = liveness_s
+        self.relay_dead_s = liveness_s if relay_dead_s is None else relay_dead_s
+        """A relay below silent this long: its ranks are gone (``tiers.watch.dead_after``)."""
         self.health = health
         self.local = local
         self.attempts = not local
@@ -379,10 +382,11 @@ class Membership:
 
     def silent(self, prod: ProducerInfo, now: float) -> bool:
         """``prod`` is presumed dead: silent for ``liveness_s``; behind a relay, the relay's
-        verdict, or the relay's own silence."""
+        verdict, or the relay silent for ``relay_dead_s`` (a relay's silence alone says
+        nothing of its ranks: ``rlpulse.collector.tiers.watch``)."""
         if prod.via is not None:
             relay = self.relays.get(prod.via)
-            return prod.presumed_gone or relay is None or now - relay.last_seen >= self.liveness_s
+            return prod.presumed_gone or relay is None or now - relay.last_seen >= self.relay_dead_s
         return now - prod.last_seen >= self.liveness_s
 
     def finished_slots(self, run_name: str, step: int) -> set[Slot]:

@@ -19,6 +19,7 @@ from rlpulse.collector.health import (
     HTTP_METRICS,
     MALFORMED,
     PRODUCER_METRICS,
+    RELAY_METRICS,
     SINK_METRICS,
     Health,
 )
@@ -97,6 +98,15 @@ def health_data(health: Mapping[str, Any]) -> tuple[FamilyData, ...]:
                 if value is not None:
                     samples.append(((str(sink_name),), value))
             out.append((metric.name, metric.help, metric.kind, ("sink",), tuple(samples)))
+    relays = health.get("relays")
+    if isinstance(relays, Mapping):
+        for metric in RELAY_METRICS:
+            rows = []
+            for (relay, host), stats in sorted(relays.items()):
+                value = number(stats.get(metric.key)) if isinstance(stats, Mapping) else None
+                if value is not None:
+                    rows.append(((str(relay), str(host)), value))
+            out.append((metric.name, metric.help, metric.kind, ("relay", "host"), tuple(rows)))
     return tuple(out)
 
 

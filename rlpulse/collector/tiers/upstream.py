@@ -10,23 +10,35 @@ sink's thread whenever nothing went up for ``HEARTBEAT_S`` (:meth:`UpstreamSink.
 as records of the outbox: a relay whose ``state_dir`` is full emits nothing, and without them
 the root presumed its ranks dead after ``liveness_s`` (149 of 250 steps partial for a 15 s
 fill), with nothing on the root to say why.
+
+The root may hold a relay back, as it holds a producer ahead of the others (its ranks are
+ahead of a run's ``max_open_steps`` window: ``rlpulse.collector.tiers.watch.admits``): an
+acknowledgement says ``hold``. The record then waits, with no time limit while the root
+answers: the sink heartbeats meanwhile (asking for an answer, so the root keeps hearing of
+the relay and the relay of the root), offers the record again every ``HEARTBEAT_S``, and goes
+on at the ``go`` or ``resend`` that lets it. Records behind it wait in the outbox.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.config import CollectorConfig
+from rlpulse.collector.loopclock import LOOP_GAP_S
+from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.sinks.base import Sink
 from rlpulse.collector.tiers.relay import HEARTBEAT_S, RelayRecord
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Member, TableDecl
+
+log = logging.getLogger("rlpulse.collector.tiers.upstream")
 
 
 def relay_id(state_dir: str | None) -> int:
@@ -53,8 +65,15 @@ class UpstreamSink(Sink):
 
     name = "upstream"
 
-    def __init__(self, config: CollectorConfig, producer_id: int, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: CollectorConfig,
+        producer_id: int,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self._clock = clock
         self.producer_id = producer_id
         self.timeout_s = timeout_s
         self._transport: Any = None
@@ -71,7 +90,13 @@ class UpstreamSink(Sink):
         self._told: dict[str, int] = {}
         """The state the root last heard."""
         self._beat_at = -HEARTBEAT_S
-        """When anything last went up (``time.monotonic``)."""
+        """When anything last went up (``clock``)."""
+        self.held = False
+        """The collector above holds this relay back (an ack said ``hold``, none since said
+        ``go`` or ``resend``)."""
+        self._answer_at = 0.0
+        """When the collector above last acknowledged anything (``clock``)."""
+        self._ratelog = RateLimitedLog(log, interval_s=60.0)
 
     def report(self, state: Mapping[str, int]) -> None:
         """The relay's own state for its next heartbeats (``RELAY_STAT_KEYS``); any thread."""
@@ -85,16 +110,18 @@ class UpstreamSink(Sink):
         ``state_dir`` full)."""
         with self._state_lock:
             changed = self._state != self._told
-        if changed or time.monotonic() - self._beat_at >= HEARTBEAT_S:
+        if changed or self._clock() - self._beat_at >= HEARTBEAT_S:
             self._heartbeat()
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, answer: bool = False) -> None:
+        """A heartbeat with the relay's state; ``answer``: asking for an acknowledgement."""
         self._pump(0.0)
         if self._connected and self._answered:
             with self._state_lock:
                 stats = dict(self._state)
-            self._link().send(protocol.encode(protocol.Heartbeat(self.producer_id, 0, stats)))
-            self._beat_at, self._told = time.monotonic(), stats
+            beat = protocol.Heartbeat(self.producer_id, 0, stats, flush=answer)
+            self._link().send(protocol.encode(beat))
+            self._beat_at, self._told = self._clock(), stats
 
     def open(self) -> None:
         pass  # the socket is made on the sink's own thread, at the first write
@@ -116,14 +143,14 @@ class UpstreamSink(Sink):
         link = self._link()
         for event in link.events(wait_s if not self._connected else 0.0):
             if event is Link.CONNECTED:
-                self._connected, self._answered = True, False
+                self._connected, self._answered, self.held = True, False, False
             elif event is Link.DISCONNECTED:
-                self._connected, self._answered = False, False
-        deadline = time.monotonic() + (wait_s if self._connected else 0.0)
+                self._connected, self._answered, self.held = False, False, False
+        deadline = self._clock() + (wait_s if self._connected else 0.0)
         while True:
             payload = link.receive()
             if payload is None:
-                if time.monotonic() >= deadline:
+                if self._clock() >= deadline:
                     return
                 time.sleep(0.0005)
                 continue
@@ -134,7 +161,17 @@ class UpstreamSink(Sink):
             if isinstance(msg, protocol.Ack):
                 self.member_late.update(msg.members)
                 self._answered = True
-                self._acked = max(self._acked, msg.seq)
+                progressed, self._acked = msg.seq > self._acked, max(self._acked, msg.seq)
+                self._answer_at = self._clock()
+                if msg.hold and not self.held:
+                    self._ratelog.warn(
+                        "hold",
+                        f"the collector above ({self.config.upstream}) holds this relay back: "
+                        "its ranks are ahead of others their run waits for (max_open_steps); "
+                        "forwarding goes on once it has room, meanwhile records wait here",
+                    )
+                if msg.hold or msg.go or msg.resend or progressed:  # it applied ours: let go
+                    self.held = msg.hold
                 return
 
     def _hello(self, base: int) -> None:
@@ -150,15 +187,34 @@ class UpstreamSink(Sink):
 
     def _until(self, done: Any, send: Any) -> None:
         """Send (again whenever the collector above has not answered within a second, or
-        after a reconnection) until ``done()``; raise after ``timeout_s``."""
-        deadline = time.monotonic() + self.timeout_s
+        after a reconnection) until ``done()``; raise after ``timeout_s`` without an answer
+        (this relay's own pauses left out, as ``rlpulse.collector.loopclock`` leaves them out).
+        While the collector above holds this relay back, heartbeat and offer it again every
+        ``HEARTBEAT_S`` instead, for as long as it answers (see the module docstring)."""
+        deadline = last = self._clock()
+        deadline += self.timeout_s
         sent_at = -1.0
         while not done():
-            now = time.monotonic()
+            now = self._clock()
+            if now - last > LOOP_GAP_S:  # this relay did not run (frozen): not the root's delay
+                deadline += now - last
+            last = now
+            if self.held:  # flow control: the root answers (each heartbeat), lets us go later
+                deadline = max(deadline, self._answer_at + HEARTBEAT_S + self.timeout_s)
             if now >= deadline:
                 raise TimeoutError(f"the collector above ({self.config.upstream}) did not answer")
             if not self._connected:
                 self._pump(min(0.1, deadline - now))
+                continue
+            if self.held:
+                if now - self._beat_at >= HEARTBEAT_S:
+                    self._heartbeat(answer=True)  # alive to the root, and asks for an answer
+                    if self.held and not done():
+                        send()  # taken if there is room now; kept there, once, if not
+                    sent_at = now
+                self._pump(0.05)
+                if not self.held:
+                    sent_at = -1.0  # let go: at once
                 continue
             if now - sent_at >= 1.0 or not self._answered:
                 send()
