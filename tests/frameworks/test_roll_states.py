@@ -171,7 +171,7 @@ def test_filters_pass_rates_and_final_mask_are_over_response_tokens() -> None:
     )
     states: dict[str, list[Any]] = {}
     for mb in mbs:
-        out, _ = S.correction_states(corr, mb["old"], mb["infer"], mb["mask"])
+        out, _, _ = S.correction_states(corr, mb["old"], mb["infer"], mb["mask"])
         for name, state in out.items():
             states.setdefault(name, []).append(state)
 

@@ -250,9 +250,10 @@ def _granular(per_token: Any, mask: Any, agg: str, log: bool) -> Any:
 
 def correction_states(
     correction: Correction, old_log_probs: Any, infer_log_probs: Any, base: Any
-) -> tuple[dict[str, Any], Any]:
-    """The train/infer statistics of one micro-batch over its response tokens ``base``, and
-    the filter's pass mask (``[B, T]``, 1 where every enabled filter passes)."""
+) -> tuple[dict[str, Any], Any, Any]:
+    """The train/infer statistics of one micro-batch over its response tokens ``base``, the
+    filters' pass mask (``[B, T]``, true where every enabled filter passes) and the importance
+    weight the policy loss is multiplied by (None when ROLL's ``is_weight`` is off)."""
     torch = _torch()
     base = base.bool()
     old, infer = old_log_probs.detach(), infer_log_probs.detach()
@@ -264,9 +265,12 @@ def correction_states(
     for agg in GRANULARITIES:
         out[ratio_mean(agg)] = by_mode(ratios[agg], base, "seq-mean-token-mean")
         out[diff_mean(agg)] = by_mode(diffs[agg], base, "seq-mean-token-mean")
-    if correction.is_weight and correction.upper_bound is not None:
+    weight = None
+    if correction.is_weight:
         weight = ratios[correction.weight_type]
-        out[IS_WEIGHT_CLIPFRAC] = share(weight > correction.upper_bound, base)
+        if correction.upper_bound is not None:
+            out[IS_WEIGHT_CLIPFRAC] = share(weight > correction.upper_bound, base)
+            weight = weight.clamp(min=0.0, max=correction.upper_bound)
     passed = torch.ones_like(base)
     for f in correction.filters:
         if f.ratio is not None:
@@ -279,7 +283,7 @@ def correction_states(
             passed = passed & ok
     if correction.has_filters:
         out[FINAL_MASK_MEAN] = share(passed, base)
-    return out, passed
+    return out, passed, weight
 
 
 def k3(log_probs: Any, base: Any) -> Any:
