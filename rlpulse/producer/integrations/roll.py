@@ -67,6 +67,8 @@ def _load(path: str) -> Callable[..., Any]:
 def _uv_hook(env: dict[str, Any]) -> dict[str, Any]:
     """Ray's ``uv run`` propagation, when the driver runs under ``uv run`` (Ray calls only one
     hook; with ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`` it is ours, which runs uv's first)."""
+    if _ray() is None:  # Ray calls this hook from its ray.init: Ray is imported then
+        return env
     try:
         from ray._private.runtime_env import uv_runtime_env_hook as uv
     except ImportError:
