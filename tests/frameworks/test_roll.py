@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.frameworks import roll_standin_job as job  # noqa: E402
-from tests.frameworks.helpers import ROOT, jsonl_collector, records  # noqa: E402
+from tests.frameworks.helpers import ROOT, jsonl_collector, readme_block, records  # noqa: E402
 
 RUN = "roll-standin"
 
@@ -145,3 +145,19 @@ def test_ray_hook_chains_the_users_hooks(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def users_runtime_env_hook(env: dict[str, Any]) -> dict[str, Any]:
     return {**env, "users_hook_ran": True}
+
+
+def test_the_docs_yaml_block_is_the_one_the_hooks_read() -> None:
+    """docs/integrations.md's ROLL block, as written: it names the hook ray_hook is, and its
+    tracker_kwargs are settings the tracker and the workers accept."""
+    import yaml
+
+    from rlpulse.producer.integrations import roll as rlpulse_roll
+    from rlpulse.producer.integrations.roll_settings import RollSettings
+
+    block = yaml.safe_load(readme_block("### ROLL", "yaml"))
+    assert block["track_with"] == "rlpulse"
+    assert block["system_envs"]["RAY_RUNTIME_ENV_HOOK"] == rlpulse_roll.RUNTIME_ENV_HOOK
+    kwargs = {k: v.replace("${exp_name}", "grpo") for k, v in block["tracker_kwargs"].items()}
+    settings = RollSettings.from_config({"exp_name": "grpo"}, kwargs)
+    assert (settings.run, settings.address) == ("grpo", "tcp://collector-host:5555")

@@ -3,7 +3,9 @@
 .. code-block:: yaml
 
     track_with: rlpulse
-    tracker_kwargs: {address: tcp://collector-host:5555, run: ${exp_name}}
+    tracker_kwargs:
+      address: tcp://collector-host:5555
+      run: ${exp_name}  # block style: in a flow mapping, YAML reads the braces of ${...}
     system_envs:
       RAY_RUNTIME_ENV_HOOK: rlpulse.producer.integrations.roll.ray_hook
 

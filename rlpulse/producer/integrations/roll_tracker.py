@@ -15,9 +15,8 @@ step, in the driver process. :class:`RlpulseTracker` (registered as ``rlpulse`` 
 * resumes the run on the collector when ROLL resumes from a checkpoint: ROLL then re-logs the
   whole history (``BasePipeline.__init__``); the collector keeps each step once (those it had
   are left out and told back, ``stats()["dropped_late"]``; those it had not are recorded);
-* saves the resolved config as ``runs/<run>/config.yaml`` and sends it to the collector with
-  the producer's registration, where TensorBoard, WandB and SwanLab record it as the run's
-  hyper-parameters;
+* saves the resolved config as ``runs/<run>/config.yaml`` (beside the run's jsonl, where
+  ``rlpulse compare --key`` reads it);
 * flushes and closes at the process's exit (ROLL never calls ``finish()``), the workers'
   producers first.
 
