@@ -4,7 +4,7 @@
 and 55 response tokens per step, a step skipped (no valid response), and the process exits
 without ``finish()``, as ROLL's pipelines do.
 
-    python tests/frameworks/roll_standin_job.py ADDRESS RUN STEPS [--resume HISTORY.json] STATS.json
+    python tests/frameworks/roll_standin_job.py ADDRESS RUN STEPS [--resume HISTORY.json] STATS.json [RECORDS.jsonl]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,18 @@ def micro_batches(rank: int, tensor: Any) -> list[tuple[int, int, Any]]:
     return out
 
 
+def emitted(records: Path, step: int, within_s: float) -> bool:
+    """Whether the collector's jsonl holds ``step`` within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if records.exists() and any(
+            json.loads(line)["step"] == step for line in records.read_text().splitlines() if line
+        ):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def main(argv: list[str]) -> None:
     address, run, steps, *rest = argv
     history = None
@@ -94,6 +107,7 @@ def main(argv: list[str]) -> None:
         history = json.loads(Path(rest[1]).read_text())
         rest = rest[2:]
     stats_path = Path(rest[0])
+    records = Path(rest[1]) if len(rest) > 1 else None
     sys.path.insert(0, str(STUB))
 
     # What Ray does with the YAML block: the runtime-env hook in the driver's ray.init, the
@@ -162,6 +176,9 @@ def main(argv: list[str]) -> None:
             metrics["token/response_length/mean"] = tokens / sequences
         pipeline.tracker.log(values=metrics, step=step)
         logged.append(metrics)
+        if step == SKIPPED and records is not None:
+            # Before any worker works again: the collector must not be waiting for them.
+            logged[-1]["emitted_before_next_step"] = emitted(records, step, within_s=20.0)
     # No finish(): ROLL's pipelines never call it; the tracker closes at exit.
 
 

@@ -22,7 +22,9 @@ from tests.frameworks.helpers import ROOT, jsonl_collector, readme_block, record
 RUN = "roll-standin"
 
 
-def run_job(tmp_path: Path, address: str, steps: int, history: Path | None = None) -> dict:
+def run_job(
+    tmp_path: Path, address: str, steps: int, history: Path | None = None, out: Path | None = None
+) -> dict:
     stats = tmp_path / f"stats-{steps}-{history is not None}.json"
     argv = [
         sys.executable,
@@ -34,7 +36,11 @@ def run_job(tmp_path: Path, address: str, steps: int, history: Path | None = Non
     if history is not None:
         argv += ["--resume", str(history)]
     done = subprocess.run(
-        [*argv, str(stats)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [*argv, str(stats), *([str(out)] if out else [])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(stats.read_text())
@@ -84,7 +90,7 @@ def truth(step: int) -> dict[str, float]:
 
 def test_the_yaml_block_end_to_end_through_a_collector(tmp_path: Path) -> None:
     with jsonl_collector(tmp_path) as (collector, out):
-        first = run_job(tmp_path, collector.address, steps=3)
+        first = run_job(tmp_path, collector.address, steps=3, out=out)
         history = tmp_path / "history.json"
         history.write_text(json.dumps(first["logged"]))
         resumed = run_job(tmp_path, collector.address, steps=1, history=history)
@@ -95,6 +101,8 @@ def test_the_yaml_block_end_to_end_through_a_collector(tmp_path: Path) -> None:
         m = rec["metrics"]
         assert not any("@" in name for name in m), sorted(m)
         assert m["actor/lr"] == 1e-6 and rec["roles"]["actor/lr"] == "driver"
+    # the skipped step went out while the workers idled: nobody waited for them
+    assert first["logged"][job.SKIPPED]["emitted_before_next_step"] is True
     skipped = recs[job.SKIPPED]["metrics"]
     assert skipped["mask/final_mask_sum_eq_0"] == 1.0 and "actor/pg_loss" not in skipped
     for step in (0, 2, 3):
