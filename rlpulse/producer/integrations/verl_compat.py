@@ -1,22 +1,20 @@
 """verl compatibility for the exact loss hook (``rlpulse.producer.integrations.verl_loss``):
 the verl versions it was tested with (:data:`TESTED_VERL`), the functions it wraps and their
 signatures (:func:`check_losses`, :func:`check_trainer`, :func:`check`, each failing with a
-ConfigError naming verl's version), and :class:`OnImport`, which wraps those functions as
-their modules are imported, so a Ray process that never trains pays no verl import.
+ConfigError naming verl's version); ``OnImport`` (shared with ROLL's hook:
+``rlpulse.producer.integrations.onimport``) wraps those functions as their modules are
+imported, so a Ray process that never trains pays no verl import.
 
 >>> check_version("0.9.1")
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import inspect
-import sys
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from rlpulse.producer.integrations.onimport import OnImport as OnImport
 from rlpulse.schemas.errors import ConfigError
 
 TESTED_VERL = ("0.9",)
@@ -140,53 +138,3 @@ def check_losses(losses: ModuleType) -> None:
             f"({'; '.join(problems)}); set RLPULSE_VERL_EXACT=0 to send verl's own values",
             version,
         )
-
-
-class OnImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` once each of ``names`` is imported (at once for those already
-    imported): a finder first on ``sys.meta_path`` that hands the import to the others and
-    wraps the loader they return."""
-
-    def __init__(self, names: Any, then: Callable[[ModuleType], None]) -> None:
-        self.names = frozenset(names)
-        self.then = then
-
-    def install(self) -> None:
-        for name in self.names:
-            module = sys.modules.get(name)
-            if module is not None:
-                self.then(module)
-        sys.meta_path.insert(0, self)
-
-    def uninstall(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.names:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _ThenLoader(spec.loader, self.then)
-                return spec
-        return None
-
-
-class _ThenLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, then: Callable[[ModuleType], None]) -> None:
-        self.loader = loader
-        self.then = then
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        self.then(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename... (tracebacks)
-        return getattr(self.loader, name)

@@ -1,0 +1,1 @@
+"""Stand-in for ROLL's package (see ../README.md)."""
