@@ -168,7 +168,9 @@ class Producer:
         self._copy_limit = config.snapshot_limit_bytes
         self._buffers = Buffers()
         self._copies = HostCopies(self._dists, self._buffers)
-        samples = SampleReducer((role, rank), config.sample_limits())  # on the sender thread
+        samples = SampleReducer(  # on the sender thread
+            (role, rank), config.sample_limits(), warn_once=self._warn_once
+        )
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
