@@ -17,7 +17,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, SupportsIndex
 
 from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
@@ -42,6 +42,7 @@ from rlpulse.producer.samples import SampleReducer
 from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names
 from rlpulse.producer.stats import Counters, combine
+from rlpulse.producer.steps import as_step
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
 from rlpulse.schemas.errors import SchemaError
@@ -167,7 +168,9 @@ class Producer:
         self._copy_limit = config.snapshot_limit_bytes
         self._buffers = Buffers()
         self._copies = HostCopies(self._dists, self._buffers)
-        samples = SampleReducer((role, rank), config.sample_limits())  # on the sender thread
+        samples = SampleReducer(  # on the sender thread
+            (role, rank), config.sample_limits(), warn_once=self._warn_once
+        )
         self._sender = Sender(
             config=config,
             registration=Registration(identity, new_producer_id()),
@@ -196,12 +199,14 @@ class Producer:
 
     # ------------------------------------------------------------------ the hot path
 
-    def log(self, data: Mapping[str, Any], step: int) -> None:
+    def log(self, data: Mapping[str, Any], step: SupportsIndex) -> None:
         """Queue the metrics of ``step``. Never raises, never blocks, never waits for a GPU.
 
         Values: ``int``/``float`` (one sample), numpy arrays and torch tensors (every element
         a sample), :class:`Masked`, :class:`Weighted`, :class:`Fraction`, :class:`Samples`
         (rows, reduced by the sender thread, as GPU tensors are: ``rlpulse.producer.device``).
+        ``step``: any integer from 0 (a numpy integer, a 0-d integer array or CPU tensor too:
+        ``rlpulse.producer.steps``); a call with anything else is dropped, counted and warned.
         """
         caller = self._caller
         caller.enter()  # the sender waits meanwhile (CallerFirst)
@@ -213,7 +218,7 @@ class Producer:
     def _log(
         self,
         data: Mapping[str, Any],
-        step: int,
+        step: SupportsIndex,
         waits: tuple[Pending, ...] = (),
         deferred: Mapping[str, DeviceValue] | None = None,
         phase: bool = False,
@@ -232,12 +237,9 @@ class Producer:
                 c.invalid += 1
                 self._warn_once("no-logs", "log() of a producer made with logs=False: dropped")
                 return
-            if type(step) is not int or not 0 <= step <= MAX_STEP:
-                c.invalid += 1
-                self._warn_once(
-                    f"step:{type(step).__name__}",
-                    f"step must be a non-negative int up to {MAX_STEP}, got {step!r}: call dropped",
-                )
+            # A plain int passes; a numpy int, a tensor... is read once (steps.py)
+            at = step if type(step) is int and 0 <= step <= MAX_STEP else self._step(step)
+            if at is None:
                 return
             if len(self._queue) >= self.config.max_pending:
                 c.dropped_queue_full += 1
@@ -272,7 +274,7 @@ class Producer:
             if deferred:
                 payload.update(deferred)
             self._copied += copied
-            self._queue.append(Call(step, time.time(), payload, waits, phase, copied))
+            self._queue.append(Call(at, time.time(), payload, waits, phase, copied))
             c.logged += 1
             if not self._wake.is_set():
                 self._wake.set()
@@ -280,6 +282,16 @@ class Producer:
             if call is not None:
                 call.abandon()
             self._note_error("log()", exc)
+
+    def _step(self, step: SupportsIndex) -> int | None:
+        """``step`` as an int (:func:`~rlpulse.producer.steps.as_step`); None, counted and
+        warned about once, when it is no step."""
+        try:
+            return as_step(step)
+        except Exception as exc:  # BadStep, or an odd __index__ that a bug of ours let by
+            self._counters.invalid += 1
+            self._warn_once(f"step:{type(step).__name__}", f"{exc}: call dropped")
+            return None
 
     def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
         payload[name] = INVALID
@@ -303,7 +315,7 @@ class Producer:
         self,
         infix: str,
         *,
-        step: int,
+        step: SupportsIndex,
         onload: Callable[[], object] | None = None,
         offload: Callable[[], object] | None = None,
     ) -> Phase:
@@ -318,13 +330,16 @@ class Producer:
             self._phase_names[infix] = names
         return Phase(self._phase_hooks, names, step, self._probe, onload, offload)
 
-    def step_done(self, step: int) -> None:
+    def step_done(self, step: SupportsIndex) -> None:
         """Say this rank has finished every step up to ``step`` (logging a later step says so
         too). A rank that logs nothing at some steps calls this so the collector need not wait
         for it."""
-        if self._closed or not self.logs or type(step) is not int or not 0 <= step <= MAX_STEP:
+        if self._closed or not self.logs:
             return
-        self._queue.append(Done(step))
+        at = step if type(step) is int and 0 <= step <= MAX_STEP else self._step(step)
+        if at is None:
+            return
+        self._queue.append(Done(at))
         self._wake.set()
 
     # ------------------------------------------------------------------ lifecycle

@@ -25,15 +25,16 @@ from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.reduce import (
     NOTHING,
     Failed,
-    InvalidValue,
     Reduced,
     _is_tensor,
     _numpy,
     _numpy_view,
     _torch,
+    check_mask,
     finish,
     quiet,
     reduce_value,
+    shape_of,
 )
 from rlpulse.producer.values import Fraction, Masked, Weighted
 
@@ -186,6 +187,7 @@ def snapshot_value(
     masks = {} if masks is None else masks
     m = None
     if mask is not None:
+        check_mask(values.shape, shape_of(mask))  # before both are copied flat
         m = masks.get(id(mask))
         if m is None:
             view = _host_array(mask)
@@ -194,8 +196,6 @@ def snapshot_value(
                     mask.detach().cpu().numpy() if _is_tensor(mask) else mask
                 ).reshape(-1)
             m = masks[id(mask)] = view.copy() if buffers is None else buffers.take(view)
-        if m.size != arr.size:
-            raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
     return cls(arr.copy() if buffers is None else buffers.take(arr), m)
 
 
@@ -251,7 +251,7 @@ def snapshot_rows(
     :func:`row_key`, copied in one call into one array (a call's per-token tensors: one
     ``torch.stack``, about 1 µs a tensor, where :func:`snapshot_value` pays 6-8 µs of
     Python for each). None unless they are host arrays of a dtype numpy holds, of at least
-    ``least`` samples each, whose copies fit in ``room`` bytes, with a mask of their size
+    ``least`` samples each, whose copies fit in ``room`` bytes, with a mask of their shape
     if any: then copy them one by one (:func:`snapshot_value`, which also names what is
     wrong with a value)."""
     first = values[0]
@@ -275,14 +275,14 @@ def snapshot_rows(
         return None
     m = None
     if mask is not None:
+        if getattr(mask, "shape", None) != head.shape:  # one by one: each says what is wrong
+            return None
         m = masks.get(id(mask))
         if m is None:
             view = _host_array(mask)
             if view is None:
                 return None
             m = masks[id(mask)] = view.copy() if buffers is None else buffers.take(view)
-        if m.size != size:
-            return None
     arrays = [v.values for v in values] if mask is not None else values
     if torch is None:
         rows = np.empty((n, size), dtype) if buffers is None else buffers.empty(dtype, (n, size))

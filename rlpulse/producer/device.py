@@ -34,6 +34,7 @@ from rlpulse.producer.reduce import (
     NOTHING,
     InvalidValue,
     Reduced,
+    check_mask,
     finish,
     fraction_state,
     reduce_tensor,
@@ -134,10 +135,10 @@ class DeviceBatch:
     def add_array(self, values: Any, mask: Any | None, sketch: bool = False) -> _ArrayRef | Known:
         ctx, torch = self.context, self.context.ops.torch
         values = values.detach()
-        if mask is not None:
-            n = mask.numel() if isinstance(mask, torch.Tensor) else np.size(mask)
-            if n != values.numel():
-                raise InvalidValue(f"mask has {n} elements but values have {values.numel()}")
+        if mask is not None:  # shapes are host metadata: no wait for the device
+            check_mask(
+                values.shape, mask.shape if isinstance(mask, torch.Tensor) else np.shape(mask)
+            )
         if values.numel() == 0:
             return Known(NOTHING)
         if mask is not None:

@@ -121,7 +121,7 @@ class Encoder:
                 continue
             sample = None
             if type(v) is Samples:
-                reduced = self.samples.reduce(v)
+                reduced = self.samples.reduce(v, name)
                 if reduced is None:
                     continue
                 sample = encode_samples(reduced)

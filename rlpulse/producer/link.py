@@ -22,7 +22,7 @@ from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import TableDecl
-from rlpulse.wire.transport import Link, Transport, TransportError
+from rlpulse.wire.transport import Link, Rejected, Transport, TransportError
 
 log = logging.getLogger("rlpulse.producer")
 
@@ -73,6 +73,9 @@ class Session:
         self.address = address
         """Where the transport connects (named in warnings)."""
         self.connected = self.ever_connected = self.refused = False
+        self.rejected = ""
+        """Why a collector refused our handshake (it answered: not a wrong address), until a
+        connection succeeds."""
         self.silent_since: float | None = time.monotonic()
         """When this producer started, until a collector first answers (then None)."""
         self.recorded_run = ""
@@ -91,13 +94,19 @@ class Session:
 
     def watch(self, wait_s: float = 0.0) -> None:
         """Apply connection events; on (re)connect say hello and resend everything unacked.
-        With ``wait_s``, wait that long for a connection, unless one is refused first."""
+        With ``wait_s``, wait that long for a connection, unless one is refused (nobody
+        listening) or rejected (a collector refused the handshake) first."""
         deadline = time.monotonic() + wait_s
         while True:
             left = deadline - time.monotonic()
-            waiting = wait_s > 0 and left > 0 and not self.connected and not self.refused
+            waiting = (
+                wait_s > 0 and left > 0 and not (self.connected or self.refused or self.rejected)
+            )
             events = self.transport.events(left if waiting else 0.0)
             for event in events:
+                if isinstance(event, Rejected):
+                    self._rejected(event)
+                    continue
                 if event is Link.REFUSED:
                     self.refused = True  # nobody listening there right now
                     continue
@@ -115,6 +124,25 @@ class Session:
                     self._resent = None
             if not (waiting and events):
                 return  # no wait asked, or the wait ran out with nothing
+
+    def _rejected(self, event: Rejected) -> None:
+        """A collector answered and refused the handshake: say so once, and why (the silence
+        warning would tell a wrong story: it is not a wrong address)."""
+        self.rejected = event.why
+        self.silent_since = None
+        ident = self.registration.identity
+        then = (
+            "ZeroMQ does not try such a connection again: fix it and restart this process"
+            if event.final
+            else "ZeroMQ keeps trying"
+        )
+        self.warn_once(
+            "rejected",
+            f"a collector at {self.address or 'its address'} answered but refused this "
+            f"producer (run {ident.run!r}): {event.why}. {then}; log() calls are kept "
+            f"meanwhile, up to max_unacked={self.max_unacked} messages, and those still unsent "
+            "at close() are dropped (counted in stats() as dropped_send)",
+        )
 
     def send(self, payload: bytes) -> bool:
         try:
@@ -163,6 +191,7 @@ class Session:
             if isinstance(msg, protocol.Ack):
                 self.registration.answered = True  # any ack, a hello's answer included
                 self.silent_since = None
+                self.rejected = ""
                 self.outbox.ack(msg.seq, time.monotonic())
                 self.outbox.asking |= msg.asks
                 if self.resync:  # a new connection's first answer: it lacks what is after it
@@ -291,14 +320,16 @@ class Session:
         """Until the deadline, send what is unacked and wait for the acknowledgements. A
         producer that has been connected waits for a restarting collector to come back; one
         that never reached a collector waits for a connection still being set up, but stops
-        as soon as one is refused (nobody listening). ``cycle`` is the sender's cycle (which
+        as soon as one is refused (nobody listening), and so does one whose handshake a
+        collector refused (:attr:`rejected`: it will not be let in). ``cycle`` is the sender's cycle (which
         reads acknowledgements and sends); ``timeout_s`` the close's, named in the warning."""
         while self.outbox.unacked and time.monotonic() < deadline:
             if not self.connected:
                 self.refused = False
-                self.watch(wait_s=deadline - time.monotonic())
-                if not self.connected and not self.ever_connected:
-                    break
+                if not self.rejected:
+                    self.watch(wait_s=deadline - time.monotonic())
+                if not self.connected and (not self.ever_connected or self.rejected):
+                    break  # nobody there, or a collector that refused us: no use waiting
             cycle()
             if self.outbox.unacked:
                 time.sleep(0.005)
@@ -321,10 +352,11 @@ class Session:
         """What a close that gave up left behind, and why, in words."""
         parts = []
         if unsent:
-            parts.append(
-                f"{unsent} log() calls never sent, lost (stats() dropped_send): "
-                + ("no collector answered" if not self.ever_connected else "not connected")
-            )
+            if self.rejected:
+                why = f"a collector answered but refused this producer ({self.rejected})"
+            else:
+                why = "no collector answered" if not self.ever_connected else "not connected"
+            parts.append(f"{unsent} log() calls never sent, lost (stats() dropped_send): {why}")
         if unconfirmed:
             why = (
                 "the collector holds this producer back (flow control: it is ahead of its "

@@ -8,7 +8,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Concatenate, ParamSpec
+from typing import Any, Concatenate, ParamSpec, SupportsIndex
 
 from rlpulse.producer.client import Producer
 from rlpulse.producer.config import FLUSH_TIMEOUT_S
@@ -51,7 +51,7 @@ class NullProducer:
     def __init__(self) -> None:
         pass
 
-    def log(self, data: Mapping[str, Any], step: int) -> None:
+    def log(self, data: Mapping[str, Any], step: SupportsIndex) -> None:
         pass
 
     @contextmanager
@@ -59,7 +59,7 @@ class NullProducer:
         self,
         infix: str,
         *,
-        step: int,
+        step: SupportsIndex,
         onload: Callable[[], object] | None = None,
         offload: Callable[[], object] | None = None,
     ) -> Iterator[None]:
@@ -71,7 +71,7 @@ class NullProducer:
             if offload is not None:
                 offload()
 
-    def step_done(self, step: int) -> None:
+    def step_done(self, step: SupportsIndex) -> None:
         pass
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:

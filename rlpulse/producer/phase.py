@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex
 
 from rlpulse.producer.deferred import DeviceValue, Pending, PhaseTimer
 from rlpulse.producer.memory import DeviceMemory, MemoryProbe
@@ -40,7 +40,7 @@ class Emit(Protocol):
     def __call__(
         self,
         data: Mapping[str, Any],
-        step: int,
+        step: SupportsIndex,
         waits: tuple[Pending, ...] = (),
         deferred: Mapping[str, DeviceValue] | None = None,
         phase: bool = False,
@@ -104,7 +104,7 @@ class Phase:
         self,
         hooks: PhaseHooks,
         names: PhaseNames | None,
-        step: int,
+        step: SupportsIndex,
         probe: MemoryProbe,
         onload: Callable[[], object] | None = None,
         offload: Callable[[], object] | None = None,

@@ -139,6 +139,25 @@ def scalar(value: Any, what: str) -> float:
     raise InvalidValue(f"{what} must be a number, got {type(value).__name__}")
 
 
+def shape_of(value: Any) -> tuple[int, ...]:
+    """The shape of an array, a tensor, a number or (nested) list, as numpy reads it."""
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(value)
+
+
+def check_mask(values: tuple[int, ...], mask: tuple[int, ...]) -> None:
+    """Raise :class:`InvalidValue` unless a mask of shape ``mask`` fits values of shape
+    ``values``: the same shape, exactly. Not numpy's broadcasting: a ``[B]`` mask against
+    ``[B, T]`` values broadcasts along the wrong axis when ``B == T`` and is refused otherwise,
+    and a transposed ``[T, B]`` mask has the right element count; each would give a wrong
+    number silently. Shapes are host metadata: comparing them never waits for a GPU."""
+    if mask != values:
+        raise InvalidValue(
+            f"mask has shape {tuple(mask)} but values have shape {tuple(values)}: a mask must "
+            "have its values' shape (a transposed mask? a mask to broadcast: expand it first)"
+        )
+
+
 def selected(values: Any, mask: Any | None) -> np.ndarray:
     """The samples ``mask`` selects from host ``values``, as a flat numpy array (finite or
     not); raise :class:`InvalidValue` when they cannot be read or the shapes differ."""
@@ -148,13 +167,12 @@ def selected(values: Any, mask: Any | None) -> np.ndarray:
             arr = arr.astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise InvalidValue(f"cannot read samples from {type(values).__name__}: {exc}") from None
-    arr = arr.reshape(-1)
     if mask is not None:
-        m = np.asarray(mask).reshape(-1)
-        if m.shape != arr.shape:
-            raise InvalidValue(f"mask has {m.size} elements but values have {arr.size}")
-        arr = np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr)
-    return arr
+        m = np.asarray(mask)
+        check_mask(arr.shape, m.shape)
+        m = m.reshape(-1)
+        return np.compress(m if m.dtype == np.bool_ else m.astype(bool), arr.reshape(-1))
+    return arr.reshape(-1)
 
 
 @quiet
@@ -215,8 +233,7 @@ def reduce_host_tensor(values: Any, mask: Any | None) -> Reduced:
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
             mask = torch.as_tensor(writable(np.asarray(mask)))
-        if mask.numel() != values.numel():
-            raise InvalidValue(f"mask has {mask.numel()} elements but values have {values.numel()}")
+        check_mask(values.shape, mask.shape)
         mask = mask.to(values.device)
     if values.numel() == 0:
         return NOTHING

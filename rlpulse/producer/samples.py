@@ -5,7 +5,9 @@ references); the encoder hands it here, on the sender thread, where its rows are
 bounded and reduced to the top, bottom and random ``k`` (``rlpulse.schemas.samples``), with
 this rank's ``(role, rank)`` as every row's origin. Bad rows are dropped and counted
 (``samples_dropped``), cut texts counted (``samples_cut``); a bad value as a whole (a ``k``
-out of range, a key that is not a string) is counted ``invalid``. Nothing here raises.
+out of range, a key that is not a string, rows that are no sequence of mappings) is counted
+``invalid``. Each is warned about once per name, with the reason (the first bad row's, for
+dropped rows). Nothing here raises.
 
 >>> from rlpulse.producer.stats import Counters
 >>> reducer = SampleReducer(("actor", 0), SampleLimits(k=2), Counters())
@@ -16,39 +18,77 @@ out of range, a key that is not a string) is counted ``invalid``. Nothing here r
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.values import Samples
-from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows
+from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows, row_problem
 
 
 class SampleReducer:
-    """Reduces ``Samples`` values of one rank; ``counters`` are the sender thread's."""
+    """Reduces ``Samples`` values of one rank; ``counters`` are the sender thread's, and
+    ``warn_once(key, message)`` the producer's (what is wrong with a value or its rows is
+    said once per name, as for other bad values)."""
 
     def __init__(
-        self, origin: tuple[str, int], limits: SampleLimits, counters: Counters | None = None
+        self,
+        origin: tuple[str, int],
+        limits: SampleLimits,
+        counters: Counters | None = None,
+        warn_once: Callable[[str, str], None] | None = None,
     ) -> None:
         self.origin = origin
         self.limits = limits
         self.counters = counters if counters is not None else Counters()
+        self.warn_once = warn_once or _silent
         self._by_k: dict[int, SampleLimits] = {limits.k: limits}
+        self._told: set[str] = set()
+        """Names whose dropped rows were warned about (the reason is looked for once)."""
 
-    def reduce(self, value: Samples) -> SampleState | None:
-        """The state of ``value``'s rows; None (counted ``invalid``) for a value that cannot
-        be reduced at all."""
+    def reduce(self, value: Samples, name: str = "samples") -> SampleState | None:
+        """The state of ``value``'s rows (logged under ``name``); None (counted ``invalid``,
+        warned) for a value that cannot be reduced at all."""
         limits = self._limits(value.k)
-        if limits is None or type(value.key) is not str or not value.key:
+        state = None
+        if value.refused:
+            why = f"{NOT_ROWS}, {value.refused}"
+        elif limits is None:
+            why = f"Samples k must be an int from 1 to 1024, got {value.k!r}"
+        elif type(value.key) is not str or not value.key:
+            why = f"Samples key must be a non-empty string, got {value.key!r}"
+        else:
+            try:
+                state = reduce_rows(value.rows, value.key, origin=self.origin, limits=limits)
+                why = _no_rows(value.rows, state)
+            except Exception as exc:  # a mapping that raises when read: the value is lost
+                why = f"reading its Samples rows failed ({exc!r})"
+        if why or state is None or limits is None:
             self.counters.invalid += 1
-            return None
-        try:
-            state = reduce_rows(value.rows, value.key, origin=self.origin, limits=limits)
-        except Exception:  # a mapping that raises when read: the value is lost, counted
-            self.counters.invalid += 1
+            self.warn_once(f"value:{name}", f"{name}: {why}; that value is dropped")
             return None
         self.counters.samples_dropped += state.dropped
         self.counters.samples_cut += state.cut
+        if state.dropped and name not in self._told:
+            self._told.add(name)
+            self.warn_once(
+                f"samples-dropped:{name}",
+                f"{name}: {state.dropped} of {state.dropped + state.rows} Samples rows dropped "
+                f"({self._first_problem(value.rows, value.key, limits)}); counted in "
+                "stats()['samples_dropped']",
+            )
         return state
+
+    @staticmethod
+    def _first_problem(rows: tuple[object, ...], key: str, limits: SampleLimits) -> str:
+        for row in rows:
+            try:
+                problem = row_problem(row, key, limits)
+            except Exception as exc:  # a mapping that raises when read a second time
+                return f"the first: {exc!r}"
+            if problem is not None:
+                return f"the first: {problem}"
+        return "see the step record's dropped"
 
     def _limits(self, k: object) -> SampleLimits | None:
         if k is None:
@@ -59,3 +99,18 @@ class SampleReducer:
         if limits is None:
             limits = self._by_k[k] = replace(self.limits, k=k)
         return limits
+
+
+NOT_ROWS = "Samples rows must be a sequence of mappings (one dict per row)"
+
+
+def _no_rows(rows: tuple[object, ...], state: SampleState) -> str:
+    """Why ``rows`` is no sequence of rows at all (every one dropped, none a mapping: a list
+    of tuples or strings is a wrong value, not bad rows); empty when some row is a mapping."""
+    if not state.dropped or state.rows or any(isinstance(r, Mapping) for r in rows):
+        return ""
+    return f"{NOT_ROWS}, its rows are {', '.join(sorted({type(r).__name__ for r in rows}))}"
+
+
+def _silent(key: str, message: str) -> None:
+    """No warnings (a reducer made without the producer's ``warn_once``: tests, tools)."""

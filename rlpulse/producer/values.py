@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -55,22 +55,36 @@ class Samples:
 
     ``log()`` costs the caller only the copy of ``rows``'s references made here (so rows the
     caller appends to later do not change what was logged; the dicts themselves are read on
-    the sender thread, so do not mutate them after logging). Bad rows are dropped there and
-    counted, never raised.
+    the sender thread, so do not mutate them after logging). Bad rows are dropped there,
+    counted and warned about, never raised. ``rows`` that are no sequence of rows (a string,
+    a single dict, a number) are not iterated: the value is refused as a whole (``refused``
+    says why), counted as invalid and warned about on the sender thread, as is a sequence
+    none of whose rows is a mapping.
 
     >>> Samples([{"prompt": "2+2", "response": "4", "reward": 1.0}], key="reward").key
     'reward'
+    >>> Samples("not a list", key="reward").refused
+    'got a str'
     """
 
     rows: tuple[Any, ...]
     key: str
     k: int | None = None
+    refused: str = field(default="", repr=False, compare=False)
+    """Why ``rows`` is no sequence of rows (then ``rows`` is empty); empty when it is one."""
 
     def __init__(self, rows: Iterable[Any], key: str, k: int | None = None) -> None:
-        try:
-            kept = tuple(rows)
-        except TypeError:  # not iterable: one bad row, dropped and counted on the sender
-            kept = (rows,)
+        kept: tuple[Any, ...] = ()
+        refused = ""
+        if isinstance(rows, str | bytes | bytearray | Mapping):
+            one = " (one row? put it in a list)" if isinstance(rows, Mapping) else ""
+            refused = f"got a {type(rows).__name__}{one}"
+        else:
+            try:
+                kept = tuple(rows)
+            except TypeError:  # not iterable
+                refused = f"got a {type(rows).__name__}"
         object.__setattr__(self, "rows", kept)
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "k", k)
+        object.__setattr__(self, "refused", refused)

@@ -327,6 +327,31 @@ def clean_row(
     return fields, value, cuts
 
 
+def row_problem(raw: Any, key: str, limits: SampleLimits) -> str | None:
+    """Why :func:`clean_row` drops ``raw``, in words (None when it keeps it): the slow path,
+    for a warning about the first bad row, never run on every row."""
+    if not isinstance(raw, Mapping):
+        return f"not a mapping: {type(raw).__name__}"
+    if len(raw) > limits.row_fields:
+        return f"{len(raw)} fields, more than {limits.row_fields}"
+    if key not in raw:
+        return f"no {key!r}"
+    found = raw[key]
+    number = found if type(found) in (float, int) else _number(found)
+    if number is None:
+        return f"its {key!r} is not a number, got {type(found).__name__}"
+    if not math.isfinite(float(number)):
+        return f"its {key!r} is not finite ({float(number)})"
+    for name, v in raw.items():
+        if not isinstance(name, str):
+            return f"a field name that is not a string: {name!r:.80}"
+        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
+            return f"field {name!r} is an int beyond 64 bits"
+        if not isinstance(v, str | float | int | bool) and v is not None and _number(v) is None:
+            return f"field {name!r} is a {type(v).__name__}, not a string, number, boolean or None"
+    return None
+
+
 def _other(v: Any, limit: int) -> tuple[FieldValue, bool] | None:
     """A field value of another type than ``str``, ``float``, ``int``, ``bool`` or None: a
     subclass of those as its base value, a numpy or torch scalar as a Python number; None for

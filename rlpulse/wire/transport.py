@@ -39,6 +39,22 @@ class Link(enum.Enum):
     """A connection attempt found nobody listening."""
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """A collector answered the connection but refused its handshake; ``why`` says why, in
+    words (what ZeroMQ's handshake events tell: a security mechanism the other side does not
+    use, a key its authentication refused, a key exchange that failed)."""
+
+    why: str
+    final: bool = True
+    """ZeroMQ gives the connection up (a mechanism mismatch, a refused key: it never tries
+    again); False when it keeps trying (a handshake that failed with no detail)."""
+
+
+Event = Link | Rejected
+"""What :meth:`Transport.events` reports."""
+
+
 class Transport(Protocol):
     """A message pipe to one collector; used from the sender thread only."""
 
@@ -50,7 +66,7 @@ class Transport(Protocol):
         """The next message from the collector, or None; never blocks."""
         ...
 
-    def events(self, wait_s: float = 0.0) -> list[Link]:
+    def events(self, wait_s: float = 0.0) -> list[Event]:
         """Connection events since the last call; with ``wait_s``, wait that long for one."""
         ...
 
@@ -87,10 +103,63 @@ def check_address(address: object) -> str:
     raise ConfigError("address", f"must be {ADDRESS_FORM}", address)
 
 
+_ZAP_STATUS = {
+    300: "a temporary error in its authentication (ZAP status 300): try again later",
+    400: "its authentication refused this producer's public key (ZAP status 400): the key "
+    "is not among the collector's allowed clients (curve.clients_dir: docs/security.md)",
+    500: "an internal error in its authentication (ZAP status 500): see the collector's log",
+}
+NO_DETAIL_REPEATS = 3
+"""Handshakes failing with no detail, in a row, before they count as a refusal: one alone may
+be a collector stopping mid-handshake; a wrong server key fails every attempt."""
+
+
+def refusal(event: int, value: int, curve: bool) -> Rejected | None:
+    """A collector's refusal of the handshake, from a ZeroMQ monitor event and its value, for
+    a producer with (``curve``) or without CurveZMQ keys; None for other events."""
+    why = _why(event, value, curve)
+    if why is None:
+        return None
+    return Rejected(why, final=event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def _why(event: int, value: int, curve: bool) -> str | None:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return _ZAP_STATUS.get(
+            value, f"its authentication refused this producer (ZAP status {value})"
+        )
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if curve:
+                return (
+                    "it does not use CurveZMQ and this producer does (curve keys, or the "
+                    "RLPULSE_CURVE_* variables): turn it on there or off here"
+                )
+            return (
+                "it requires CurveZMQ and this producer has no keys: give them (curve=, or "
+                "RLPULSE_CURVE_SERVER_KEY and RLPULSE_CURVE_CLIENT_CERT: docs/security.md)"
+            )
+        if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            return "the CurveZMQ handshake failed cryptographically: a wrong server key?"
+        names = [
+            k for k in dir(zmq) if k.startswith("PROTOCOL_ERROR_") and getattr(zmq, k) == value
+        ]
+        name = names[0] if names else str(value)
+        return f"the handshake broke the ZeroMQ protocol ({name}): is it an rlpulse collector?"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and curve:
+        return (
+            "the CurveZMQ handshake failed with no detail, again and again: the server key "
+            "this producer has (RLPULSE_CURVE_SERVER_KEY) is not the collector's?"
+        )
+    return None
+
+
 class ZmqTransport:
     """A DEALER socket connected to ``address``. ``ZMQ_IMMEDIATE`` keeps ZeroMQ from queueing
     for a collector that is not connected (the producer's own buffer holds the data), and
-    ``LINGER 0`` keeps close from hanging on undelivered messages."""
+    ``LINGER 0`` keeps close from hanging on undelivered messages. Its monitor also reports
+    handshakes the collector refused (:class:`Rejected`): ZeroMQ retries neither a refused
+    key nor a mechanism mismatch, so without it they look like a collector never reached."""
 
     def __init__(
         self,
@@ -109,8 +178,17 @@ class ZmqTransport:
             self._socket.curve_serverkey = curve.server_public
             self._socket.curve_publickey = curve.public
             self._socket.curve_secretkey = curve.secret
+        self._curve = curve is not None
+        self._no_detail = 0
+        """Handshakes failed with no detail since the last one that succeeded."""
         self._monitor = self._socket.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_CONNECT_RETRIED
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
         )
         try:
             self._socket.connect(check_address(address))
@@ -137,16 +215,29 @@ class ZmqTransport:
         except zmq.Again:
             return None
 
-    def events(self, wait_s: float = 0.0) -> list[Link]:
-        monitor, out = self._monitor, cast(list[Link], [])
+    def events(self, wait_s: float = 0.0) -> list[Event]:
+        monitor, out = self._monitor, cast(list[Event], [])
         if wait_s > 0 and not monitor.poll(int(wait_s * 1000)):
             return out
         while cast(int, monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            event = int.from_bytes(monitor.recv_multipart()[0][:2], "little")
+            frame = monitor.recv_multipart()[0]  # event (2 bytes) and value (4), little-endian
+            event = int.from_bytes(frame[:2], "little")
             if event == zmq.EVENT_CONNECT_RETRIED:
                 out.append(Link.REFUSED)
+            elif event == zmq.EVENT_CONNECTED:
+                out.append(Link.CONNECTED)
+            elif event == zmq.EVENT_DISCONNECTED:
+                out.append(Link.DISCONNECTED)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._no_detail = 0
             else:
-                out.append(Link.CONNECTED if event == zmq.EVENT_CONNECTED else Link.DISCONNECTED)
+                if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    self._no_detail += 1
+                    if self._no_detail < NO_DETAIL_REPEATS:
+                        continue
+                rejected = refusal(event, int.from_bytes(frame[2:6], "little"), self._curve)
+                if rejected is not None:
+                    out.append(rejected)
         return out
 
     def close(self) -> None:
@@ -160,7 +251,7 @@ class MemoryTransport:
     """A transport with the collector's end in the test's hands.
 
     ``sent`` holds what the producer sent; ``reply()`` queues a message for it; ``connect()``,
-    ``disconnect()`` and ``refuse()`` raise connection events; ``accepting = False`` makes
+    ``disconnect()``, ``refuse()`` and ``reject(why)`` raise connection events; ``accepting = False`` makes
     sends fail as ZeroMQ does mid-handshake.
 
     >>> t = MemoryTransport()
@@ -173,7 +264,7 @@ class MemoryTransport:
         self.accepting = True
         self.closed = False
         self._replies: deque[bytes] = deque()
-        self._events: deque[Link] = deque()
+        self._events: deque[Event] = deque()
         self._signal = threading.Event()
 
     def connect(self) -> None:
@@ -185,11 +276,15 @@ class MemoryTransport:
     def refuse(self) -> None:
         self._event(Link.REFUSED)
 
+    def reject(self, why: str, final: bool = True) -> None:
+        """A collector answered and refused the handshake (as :class:`ZmqTransport` reports)."""
+        self._event(Rejected(why, final))
+
     def reply(self, payload: bytes) -> None:
         self._replies.append(payload)
 
-    def _event(self, link: Link) -> None:
-        self._events.append(link)
+    def _event(self, event: Event) -> None:
+        self._events.append(event)
         self._signal.set()
 
     def send(self, payload: bytes) -> bool:
@@ -201,11 +296,11 @@ class MemoryTransport:
     def receive(self) -> bytes | None:
         return self._replies.popleft() if self._replies else None
 
-    def events(self, wait_s: float = 0.0) -> list[Link]:
+    def events(self, wait_s: float = 0.0) -> list[Event]:
         if wait_s > 0 and not self._events:
             self._signal.wait(wait_s)
         self._signal.clear()
-        out = []
+        out: list[Event] = []
         while self._events:
             out.append(self._events.popleft())
         return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -71,3 +72,72 @@ def test_allow_listed_key_gets_in_unknown_key_and_plaintext_do_not(tmp_path) -> 
     text = log.read_text()
     assert "CurveZMQ on" in text and "refused a client" in text
     assert int(re.search(r"(\d+) handshake failures", text).group(1)) >= 2
+
+
+def test_a_refused_producer_says_a_collector_answered_and_refused_it_and_why(
+    tmp_path, caplog
+) -> None:
+    """Issue 45, item 5: a plaintext producer, or one whose key the collector does not list,
+    said only "not connected"; the handshake's failure was in the collector's log alone. Its
+    own warning now says that a collector answered but refused it, and why (ZeroMQ's handshake
+    events tell a mechanism mismatch, a ZAP refusal and a failed key exchange apart from
+    silence); close() then neither waits for a connection that will not come nor blames it."""
+    caplog.set_level(logging.WARNING, "rlpulse.producer")
+    keygen(tmp_path / "server", "collector")
+    keygen(tmp_path / "other-server", "collector")
+    keygen(tmp_path / "allowed", "worker")
+    keygen(tmp_path / "stranger", "intruder")
+    config = {
+        "track_with": ["jsonl"],
+        "tracker_kwargs": {"jsonl": {"path": str(tmp_path / "out.jsonl")}},
+        "curve": {
+            "server_cert": str(tmp_path / "server" / "collector.key_secret"),
+            "clients_dir": str(tmp_path / "allowed"),
+        },
+    }
+    collector = start_collector(config, stderr=(tmp_path / "collector.log").open("w"))
+    server_key = str(tmp_path / "server" / "collector.key")
+    wrong_server_key = str(tmp_path / "other-server" / "collector.key")
+    worker = str(tmp_path / "allowed" / "worker.key_secret")
+    cases = {
+        "plaintext": (None, "it requires CurveZMQ and this producer has no keys"),
+        "stranger": (
+            load_curve(server_key, str(tmp_path / "stranger" / "intruder.key_secret")),
+            "its authentication refused this producer's public key (ZAP status 400)",
+        ),
+        "wrong-server-key": (
+            load_curve(wrong_server_key, worker),
+            "the CurveZMQ handshake failed with no detail, again and again",
+        ),
+    }
+    try:
+        producers = {
+            run: Producer(collector.address, run=run, role="a", curve=curve)
+            for run, (curve, _) in cases.items()
+        }
+        for p in producers.values():
+            p.log({"x": 1.0}, step=0)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+            f"run {run!r}" in caplog.text and why in caplog.text for run, (_, why) in cases.items()
+        ):
+            time.sleep(0.05)
+        for p in producers.values():
+            started = time.monotonic()
+            p.close(timeout=10.0)
+            assert time.monotonic() - started < 3.0  # no wait for a connection refused for good
+            assert p.stats()["dropped_send"] == 1
+    finally:
+        assert collector.stop() == 0
+    for run, (_, why) in cases.items():
+        refused = [
+            r.getMessage()
+            for r in caplog.records
+            if "answered but refused this producer" in r.getMessage()
+            and f"run {run!r}" in r.getMessage()
+        ]
+        assert len(refused) == 1 and why in refused[0], (run, caplog.text)
+        assert collector.address in refused[0]
+    assert "no collector has answered" not in caplog.text  # it did answer: no second story
+    closing = [r.getMessage() for r in caplog.records if "closed after" in r.getMessage()]
+    assert len(closing) == 3 and all("refused this producer" in m for m in closing), closing

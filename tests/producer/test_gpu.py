@@ -193,3 +193,25 @@ def test_nvml_sees_the_device_and_this_process() -> None:
     if own in readings:  # absent where a PID namespace hides our process from NVML
         assert readings[own] >= keep.numel() / GIB
     sampler.close()
+
+
+def test_a_transposed_gpu_mask_and_a_gpu_step_are_refused_without_a_sync(inbox, caplog) -> None:
+    """Issue 45, items 1 and 2 on CUDA: the mask's shape and the step tensor's device are host
+    metadata; refusing either reads no value from the GPU."""
+    import logging
+
+    caplog.set_level(logging.WARNING, "rlpulse.producer")
+    values = torch.randn(8, 64, device="cuda")
+    transposed = torch.ones(64, 8, device="cuda")
+    step = torch.tensor(1, device="cuda")
+    gpu_busy_ms(1)  # calibrate outside strict mode
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(gpu_sample_s=0))
+    with strict():
+        gpu_busy_ms(100)
+        p.log({"t": Masked(values, transposed), "ok": values}, step=0)
+        p.log({"x": values}, step=step)
+        p.close(timeout=10)
+    assert set(got(inbox)) == {"ok"}
+    assert p.stats()["invalid"] == 2 and p.stats()["errors"] == 0
+    assert "t: mask has shape (64, 8) but values have shape (8, 64)" in caplog.text
+    assert "got a tensor on cuda:0: reading its value would make log() wait" in caplog.text

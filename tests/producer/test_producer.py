@@ -77,7 +77,8 @@ def test_bad_values_are_dropped_counted_and_the_rest_is_sent(inbox, caplog) -> N
     stats = p.stats()
     assert stats["invalid"] == 3 and stats["nonfinite"] == 2 and stats["errors"] == 1
     assert (
-        "bad: cannot log a str" in caplog.text and "step must be a non-negative int" in caplog.text
+        "bad: cannot log a str" in caplog.text
+        and "step must be an integer from 0 to" in caplog.text
     )
 
 

@@ -65,8 +65,8 @@ def test_weighted_and_fraction() -> None:
         (Weighted(1.0, -2), "non-negative"),
         (Weighted(np.ones(3), 2), "single number"),
         (Fraction(1, math.nan), "finite"),
-        (Masked(np.ones(3), np.ones(4)), "mask has 4"),
-        (Masked(torch.ones(3), torch.ones(2)), "mask has 2"),
+        (Masked(np.ones(3), np.ones(4)), r"mask has shape \(4,\)"),
+        (Masked(torch.ones(3), torch.ones(2)), r"mask has shape \(2,\)"),
         (np.array(["a", "b"]), "cannot read"),
     ],
 )

@@ -104,8 +104,9 @@ def test_log_refuses_a_step_outside_the_wire_range(step: int, caplog) -> None:
     p.step_done(step)
     p.log({"x": 1.0}, step=3)
     assert until(lambda: logged_steps(t) == [3])
-    assert p.stats()["invalid"] == 1 and p.stats()["logged"] == 1
-    assert f"up to {MAX_STEP}" in caplog.text
+    # the call and the step_done(), each counted (step_done() was ignored without a word)
+    assert p.stats()["invalid"] == 2 and p.stats()["logged"] == 1
+    assert f"from 0 to {MAX_STEP}" in caplog.text
     p.close(timeout=0.2)
 
 

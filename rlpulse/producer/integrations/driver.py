@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import operator
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
+from rlpulse.producer.steps import BadStep, as_step
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.metrics import CATALOG
@@ -116,7 +116,11 @@ class DriverStream:
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """Send the numbers of ``data`` as the driver's values of ``step``."""
         try:
-            step = operator.index(step)  # numpy ints are fine; the producer wants an int
+            try:
+                step = as_step(step)  # numpy ints, 0-d tensors...: the producer wants an int
+            except BadStep as exc:
+                self._warn(f"step:{type(step).__name__}", f"{exc}: call dropped")
+                return
             if step != self._step:
                 self._step, self._sent = step, {}
             payload: dict[str, Any] = {}

@@ -27,6 +27,7 @@ import numbers
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+from rlpulse.producer.steps import as_step
 from rlpulse.producer.values import Samples
 from rlpulse.schemas import metrics as M
 
@@ -92,7 +93,7 @@ class ValGenerations:
         """Log verl's ``(input, output, score)`` samples of ``step``; never raises."""
         try:
             rows = val_rows(samples)
-            self.producer.log({M.VAL_SAMPLES.name: Samples(rows, key=KEY)}, step=int(step))
+            self.producer.log({M.VAL_SAMPLES.name: Samples(rows, key=KEY)}, step=as_step(step))
             self._counts["val_samples_logged"] += 1
         except Exception as exc:  # never into verl's validation
             self._counts["val_samples_failed"] += 1
