@@ -144,7 +144,9 @@ class Phase:
 
     def __enter__(self) -> Phase:
         self._t0 = time.perf_counter()
-        if self._names is None:
+        if self._names is None:  # not measured, but the caller's state still moves
+            if self._onload is not None:
+                self._onload()
             return self
         try:
             device = self._hooks.device()
@@ -179,6 +181,8 @@ class Phase:
     ) -> None:
         names = self._names
         if names is None:
+            if self._offload is not None:
+                self._offload()
             return
         execute = time.perf_counter() - self._t_exec
         if self._offload is not None:

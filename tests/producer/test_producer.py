@@ -223,11 +223,17 @@ def test_step_done_and_phase(inbox) -> None:
     p.step_done(2)
     with pytest.raises(RuntimeError), p.phase("actor_train/generate", step=3):
         raise RuntimeError("training error propagates unchanged")
-    with p.phase("not-an-infix", step=3):  # warned, not measured, not raised
-        pass
+    # warned, not measured, not raised; the caller's state still moves on and off
+    with p.phase(
+        "not-an-infix",
+        step=3,
+        onload=lambda: loads.append("on2"),
+        offload=lambda: loads.append("off2"),
+    ):
+        loads.append("body")
     p.close()
     msgs = inbox.receive(until=has_bye)
-    assert loads == ["on", "off"]
+    assert loads == ["on", "off", "on2", "body", "off2"]
     names = {n: v for e in entries(msgs) for n, v in by_name(e).items()}
     total = names[M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part="total")][0]
     execute = names[M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part="execute")][
