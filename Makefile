@@ -45,11 +45,13 @@ $(VSTAMP): $(STAMP)
 
 install: $(STAMP) $(VSTAMP)
 
-# The same order: torch 2.13.0 (CPU) first, then verl and TRL and their pins around it.
+# The same order: torch 2.13.0 (CPU) first, then verl and TRL (exact pins: the `integrations`
+# extra) and their pins around it. `report` too: examples/verl's last step, `rlpulse report`,
+# runs in this environment.
 $(ISTAMP): pyproject.toml
 	test -x $(IPY) || $(PYTHON) -m venv $(IVENV)
 	$(IPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(IPY) -m pip install --quiet --disable-pip-version-check -e '.[integrations,dev]'
+	$(IPY) -m pip install --quiet --disable-pip-version-check -e '.[integrations,report,dev]'
 	touch $(ISTAMP)
 
 install-integrations: $(ISTAMP)

@@ -73,8 +73,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m rlpulse.trainer")
             from rlpulse.trainer.driver import RolloutLost
             from rlpulse.trainer.rollout_vllm import EngineError
             from rlpulse.trainer.run import claim_run, train
+            from rlpulse.trainer.workers.rollout import check_backend
     except MissingExtra as exc:
         print(f"trainer: {exc}", file=sys.stderr)
+        return 2
+    try:  # before the run's directory exists and Ray starts: a refusal leaves nothing behind
+        check_backend(cfg)
+    except ConfigError as exc:
+        print(f"trainer: configuration error: {exc}", file=sys.stderr)
         return 2
 
     claimed = claim_run(cfg, resume=args.resume)

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from rlpulse.schemas.errors import ConfigError
+from rlpulse.trainer.config import ModelConfig, RolloutConfig
 from rlpulse.trainer.engine_stats import (
     StepRecorder,
     StepSamples,
@@ -48,6 +50,9 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 vLLM's own list is used when it can be read."""
 
 
+MIB = 1024 * 1024
+
+
 class EngineError(RuntimeError):
     """The vLLM engine cannot start or failed; the message names the fix."""
 
@@ -69,7 +74,8 @@ def cpu_head_sizes() -> tuple[int, ...]:
 def unsupported_head_size(
     head_size: int, on_cpu: bool, sizes: Sequence[int] = CPU_HEAD_SIZES
 ) -> str | None:
-    """Why vLLM cannot run a model with this head size here (None when it can).
+    """Why vLLM cannot run a model with this head size here (None when it can). Only vLLM's
+    CPU attention is limited to ``sizes``; on CUDA vLLM runs other head sizes (16 included).
 
     >>> unsupported_head_size(32, on_cpu=True) is None, unsupported_head_size(16, on_cpu=False)
     (True, None)
@@ -84,6 +90,45 @@ def unsupported_head_size(
         "hidden_size / num_heads is one of them (e.g. hidden_size 64, num_heads 2), or "
         "rollout.backend=hf"
     )
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+"""Bytes per element of each ``rollout.dtype``, the KV cache's."""
+
+
+def cpu_refusal(
+    model: ModelConfig, rollout: RolloutConfig, sizes: Sequence[int] = CPU_HEAD_SIZES
+) -> ConfigError | None:
+    """What vLLM's CPU build refuses that the trainer's configuration already shows, as the
+    error naming the field to change (None when nothing is): a head size its CPU attention
+    lacks (``sizes``), or a KV cache (``rollout.kv_cache_mb``) too small for one sequence of
+    ``model.max_position_embeddings`` tokens (the engine's ``max_model_len``). The cache check
+    is a lower bound (keys and values of every layer, no block rounding), so it refuses only
+    what vLLM refuses too; vLLM's own check, a little stricter, still runs at engine start.
+    On CUDA neither applies: vLLM runs other head sizes and sizes its cache from
+    ``rollout.gpu_memory_utilization``.
+
+    >>> from rlpulse.trainer.config import ModelConfig, RolloutConfig
+    >>> cpu_refusal(ModelConfig(num_heads=4), RolloutConfig()).field
+    'model.num_heads'
+    """
+    problem = unsupported_head_size(model.hidden_size // model.num_heads, True, sizes)
+    if problem is not None:
+        return ConfigError("model.num_heads", problem, model.num_heads)
+    # Per token: a key and a value of hidden_size elements in every layer (as many KV heads as
+    # heads, the trainer's Llama).
+    per_token = 2 * model.num_layers * model.hidden_size * DTYPE_BYTES[rollout.dtype]
+    needed = per_token * model.max_position_embeddings
+    if needed > rollout.kv_cache_mb * MIB:
+        return ConfigError(
+            "rollout.kv_cache_mb",
+            f"vLLM's KV cache on CPU must hold one sequence of model.max_position_embeddings "
+            f"({model.max_position_embeddings}) tokens, at least {needed / MIB:.1f} MiB of "
+            f"this model's keys and values in {rollout.dtype}: raise rollout.kv_cache_mb or "
+            "lower model.max_position_embeddings",
+            rollout.kv_cache_mb,
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -135,7 +180,7 @@ class VLLMEngine:
         if problem is not None:
             raise EngineError(problem)
         memory: dict[str, Any] = (
-            {"kv_cache_memory_bytes": settings.kv_cache_mb * 1024 * 1024}
+            {"kv_cache_memory_bytes": settings.kv_cache_mb * MIB}
             if self.on_cpu
             else {"gpu_memory_utilization": settings.gpu_memory_utilization}
         )

@@ -76,7 +76,7 @@ def claim_run(cfg: TrainerConfig, *, resume: bool = False) -> Claimed:
 
 def save_config(cfg: TrainerConfig) -> Path:
     """Write the resolved configuration (the file with every ``--set`` applied) to the run
-    directory as YAML, beside the default ``metrics.jsonl``, where ``python -m rlpulse.collector
+    directory as YAML, beside the default ``metrics.jsonl``, where ``rlpulse
     compare`` reads it; ``load_config`` reads it back to the same configuration."""
     path = cfg.run_dir / RUN_CONFIG
     path.write_text(yaml.safe_dump(_plain(to_dict(cfg)), sort_keys=False))

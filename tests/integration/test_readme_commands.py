@@ -147,8 +147,6 @@ def test_collector_warns_about_secret_keys_in_clients_dir(tmp_path) -> None:
 SKIPPED = {
     "make demo": "minutes of PPO on Ray; tests/integration/test_demo_check.py checks what it "
     "prints, and make test is how this very test runs",
-    "pip install torch==2.13.0": "needs a package registry; test_installed_wheel.py builds the "
-    "wheel and installs it, extras and all, into a fresh environment",
     "python -m verl.trainer.main_ppo": "needs verl and GPUs; it is docs/integrations.md's "
     "command word for word (test_the_readme_integration_blocks_are_the_tested_ones), which "
     "tests/frameworks/test_verl.py runs",
@@ -159,6 +157,8 @@ RUN = {
     "source .venv/bin/activate": "test_activate_then_help",
     "rlpulse collector --config collector.yaml": "test_collector_worker_and_report_as_written",
     "rlpulse report runs/metrics.jsonl": "test_collector_worker_and_report_as_written",
+    "pip install '/path/to/rlpulse'": "test_install_lines.py::"
+    "test_the_readme_install_keeps_an_existing_environments_torch_and_framework",
 }
 """A README shell block run here, by its first line's start: the test that runs it."""
 

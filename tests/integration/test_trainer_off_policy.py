@@ -1,7 +1,9 @@
 """One step off-policy, for real: ``python -m rlpulse.trainer --set ppo.off_policy_steps=1``
 attached to a collector (issue 26.2). Step t trains on the batch the policy of step t - 1
 generated (step 0 on its own), so ``async/staleness`` is 0 at step 0 and 1 after; the
-rollout engine's log-probs against the trainer's are reported every step.
+rollout engine's log-probs against the trainer's are reported every step. The rollout is HF
+generate (``rollout.backend=hf``), as it was when the default model was one vLLM's CPU build
+refuses: vLLM's own rollouts are test_trainer_catalog.py's.
 
 The on-policy run (staleness 0 at every step) is tests/integration/test_trainer_catalog.py.
 """
@@ -31,7 +33,8 @@ try:
     code = main(["--config", "trainer/configs/reverse.yaml", "--steps", steps, "--run", "stale",
                  "--collector", handle.address, "--output-dir", run_dir, "--no-progress",
                  "--set", "sft.steps=5", "--set", "task.val_prompts=8", "--set", "val_every=0",
-                 "--set", "ppo.batch_size=16", "--set", "ppo.off_policy_steps=1"])
+                 "--set", "ppo.batch_size=16", "--set", "ppo.off_policy_steps=1",
+                 "--set", "rollout.backend=hf"])
 finally:
     handle.stop()
 sys.exit(code)

@@ -29,6 +29,7 @@ OVERRIDES = (
     "task.val_prompts=8",
     "ppo.batch_size=16",
     "rollout.max_new_tokens=4",
+    "rollout.backend=hf",  # what these runs test is the collectors: no vLLM engine start-up
 )
 ROLES = {"actor_train", "critic", "reference", "rollout", "reward", "driver"}
 

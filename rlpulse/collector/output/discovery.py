@@ -1,7 +1,7 @@
 """Prometheus HTTP service discovery of the ``/metrics`` endpoints producers registered.
 
 A process that serves Prometheus metrics of its own (a vLLM engine, a reward server) registers
-its URL through its producer (``Producer(..., metrics_url=...)``, or ``python -m rlpulse.collector
+its URL through its producer (``Producer(..., metrics_url=...)``, or ``rlpulse
 register``). The collector lists every registered endpoint whose producer is alive at
 ``GET /sd`` on its Prometheus sink's server, in the format of Prometheus' ``http_sd_configs``,
 with the producer's ``run``, ``role``, ``rank`` and ``host`` as target labels; a Prometheus job

