@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlpulse.producer.buffers import Buffers
-from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
+from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, MIB, ProducerConfig
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
 from rlpulse.producer.device import DeviceContext
-from rlpulse.producer.encode import INVALID, PASSED, Encoder
+from rlpulse.producer.encode import INVALID, NUMBERS, Encoder
 from rlpulse.producer.env import (
     curve_from_env,
     default_address,
@@ -36,12 +36,14 @@ from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.hostcopy import HostCopies
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
+from rlpulse.producer.pending import samples_bytes
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue
 from rlpulse.producer.samples import SampleReducer
 from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names
 from rlpulse.producer.stats import Counters, combine
+from rlpulse.producer.values import Samples
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
 from rlpulse.schemas.errors import SchemaError
@@ -165,6 +167,10 @@ class Producer:
         """Bytes of host samples ``log()`` copied for the sender (its ``released_bytes``
         says how many it has reduced and let go)."""
         self._copy_limit = config.snapshot_limit_bytes
+        self._pending = 0
+        """Bytes of ``Samples`` rows ``log()`` handed to the sender (its ``released_pending``
+        says how many it has reduced or dropped): ``rlpulse.producer.pending``."""
+        self._pending_limit = config.pending_limit_bytes
         self._buffers = Buffers()
         self._copies = HostCopies(self._dists, self._buffers)
         samples = SampleReducer((role, rank), config.sample_limits())  # on the sender thread
@@ -251,8 +257,18 @@ class Producer:
             # Inlined _device_context(): this is the hot path.
             device = self._device if self._device_known else self._find_device()
             host: list[str] = []
+            pending, incomplete = 0, False
             for name, value in payload.items():
-                if type(value) in PASSED:  # numbers, Samples: the sender reads them
+                if type(value) in NUMBERS:  # the sender reads them
+                    continue
+                if type(value) is Samples:  # the sender reduces the rows: held within a bound
+                    size = samples_bytes(value)
+                    held = self._pending + pending - self._sender.released_pending
+                    if held + size <= self._pending_limit:
+                        pending += size
+                    else:
+                        self._unreduced(payload, name, step, size, held)
+                        incomplete = True
                     continue
                 try:
                     if device and device.owns(value):
@@ -272,7 +288,10 @@ class Producer:
             if deferred:
                 payload.update(deferred)
             self._copied += copied
-            self._queue.append(Call(step, time.time(), payload, waits, phase, copied))
+            self._pending += pending
+            self._queue.append(
+                Call(step, time.time(), payload, waits, phase, copied, pending, incomplete)
+            )
             c.logged += 1
             if not self._wake.is_set():
                 self._wake.set()
@@ -280,6 +299,20 @@ class Producer:
             if call is not None:
                 call.abandon()
             self._note_error("log()", exc)
+
+    def _unreduced(self, payload: dict, name: str, step: int, size: int, held: int) -> None:
+        """``payload[name]``, ``size`` bytes of rows, would take the rows not reduced yet
+        (``held`` bytes) past ``pending_limit_bytes``: dropped, counted; its step goes out
+        incomplete (the sender tells the collector)."""
+        payload[name] = INVALID
+        self._counters.dropped_unreduced += 1
+        self._warn_once(
+            "unreduced",
+            f"{name} at step {step} dropped: its rows (about {size / MIB:.1f} MiB) and the "
+            f"{held / MIB:.1f} MiB of rows the sender thread has not reduced yet are more than "
+            f"pending_limit_bytes ({self._pending_limit / MIB:.0f} MiB). Counted in stats() as "
+            "dropped_unreduced; such steps reach the collector partial, naming this rank",
+        )
 
     def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
         payload[name] = INVALID

@@ -16,11 +16,17 @@ out of range, a key that is not a string) is counted ``invalid``. Nothing here r
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import replace
 
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.values import Samples
-from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows
+from rlpulse.schemas.samples import CHUNK, SampleLimits, SampleState, reduce_rows
+
+GAVE_UP = object()
+"""What :meth:`SampleReducer.reduce` returns for a value it stopped reducing at its
+``cutoff`` (``close()`` is ending): the value is lost, the caller counts it."""
 
 
 class SampleReducer:
@@ -33,19 +39,30 @@ class SampleReducer:
         self.limits = limits
         self.counters = counters if counters is not None else Counters()
         self._by_k: dict[int, SampleLimits] = {limits.k: limits}
+        self.cutoff = math.inf
+        """``time.monotonic()`` past which values are no longer reduced (set by the sender
+        when ``close()`` begins): :data:`GAVE_UP`."""
 
-    def reduce(self, value: Samples) -> SampleState | None:
+    def reduce(self, value: Samples) -> SampleState | object | None:
         """The state of ``value``'s rows; None (counted ``invalid``) for a value that cannot
-        be reduced at all."""
+        be reduced at all; :data:`GAVE_UP` past the ``cutoff`` (looked at every ``CHUNK``
+        rows: the states of slices merge exactly into the whole's)."""
         limits = self._limits(value.k)
         if limits is None or type(value.key) is not str or not value.key:
             self.counters.invalid += 1
             return None
+        rows, key, origin = value.rows, value.key, self.origin
+        state = None
         try:
-            state = reduce_rows(value.rows, value.key, origin=self.origin, limits=limits)
+            for start in range(0, max(len(rows), 1), CHUNK):
+                if self.cutoff < math.inf and time.monotonic() > self.cutoff:
+                    return GAVE_UP
+                part = reduce_rows(rows[start : start + CHUNK], key, origin=origin, limits=limits)
+                state = part if state is None else state.merge(part)
         except Exception:  # a mapping that raises when read: the value is lost, counted
             self.counters.invalid += 1
             return None
+        assert state is not None
         self.counters.samples_dropped += state.dropped
         self.counters.samples_cut += state.cut
         return state
