@@ -22,8 +22,10 @@ from dataclasses import replace
 
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.values import Samples
-from rlpulse.schemas.samples import CHUNK, SampleLimits, SampleState, reduce_rows
+from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows
 
+SLICE = 1024
+"""Rows reduced between two looks at the ``cutoff`` (about 10 ms of rows of long texts)."""
 GAVE_UP = object()
 """What :meth:`SampleReducer.reduce` returns for a value it stopped reducing at its
 ``cutoff`` (``close()`` is ending): the value is lost, the caller counts it."""
@@ -54,10 +56,10 @@ class SampleReducer:
         rows, key, origin = value.rows, value.key, self.origin
         state = None
         try:
-            for start in range(0, max(len(rows), 1), CHUNK):
+            for start in range(0, max(len(rows), 1), SLICE):
                 if self.cutoff < math.inf and time.monotonic() > self.cutoff:
                     return GAVE_UP
-                part = reduce_rows(rows[start : start + CHUNK], key, origin=origin, limits=limits)
+                part = reduce_rows(rows[start : start + SLICE], key, origin=origin, limits=limits)
                 state = part if state is None else state.merge(part)
         except Exception:  # a mapping that raises when read: the value is lost, counted
             self.counters.invalid += 1

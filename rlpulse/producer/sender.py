@@ -406,6 +406,7 @@ class Sender(threading.Thread):
         told = self.incomplete.take(MAX_INCOMPLETE)
         pid = self.producer_id
         self.link.enqueue(lambda seq: protocol.encode_bye(pid, seq, self.stats(), told), 0, False)
+        self.link.pump()  # at once: sent, it tells the collector even if the time is up
         if self.incomplete.count:
             ident = self.registration.identity
             log.warning(
