@@ -257,7 +257,8 @@ class Health:
 
 PRODUCER_DROPPED = SelfMetric(
     "rlpulse_collector_producer_dropped_total",
-    "Entries producers reported dropping before sending (queue full, collector away).",
+    "Entries producers reported dropping before sending (queue full, collector away), and "
+    "values they dropped before reducing them (dropped_unreduced: their steps go out partial).",
     key="producer_dropped",
 )
 """Summed from the producers' own counters (heartbeats and goodbyes)."""

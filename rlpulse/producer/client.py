@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlpulse.producer.buffers import Buffers
-from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, MIB, ProducerConfig
+from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
 from rlpulse.producer.device import DeviceContext
@@ -36,7 +36,7 @@ from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.hostcopy import HostCopies
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
-from rlpulse.producer.pending import samples_bytes
+from rlpulse.producer.pending import over_bound
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue
 from rlpulse.producer.samples import SampleReducer
@@ -189,6 +189,7 @@ class Producer:
             caller=self._caller,
             address=self.address,
         )
+        self._row_bytes = self._sender.row_bytes
         self._sender.start()
         ref = weakref.ref(self)
 
@@ -262,8 +263,8 @@ class Producer:
                 if type(value) in NUMBERS:  # the sender reads them
                     continue
                 if type(value) is Samples:  # the sender reduces the rows: held within a bound
-                    size = samples_bytes(value)
                     held = self._pending + pending - self._sender.released_pending
+                    size = self._row_bytes.estimate(name, value, held > 0)
                     if held + size <= self._pending_limit:
                         pending += size
                     else:
@@ -301,18 +302,9 @@ class Producer:
             self._note_error("log()", exc)
 
     def _unreduced(self, payload: dict, name: str, step: int, size: int, held: int) -> None:
-        """``payload[name]``, ``size`` bytes of rows, would take the rows not reduced yet
-        (``held`` bytes) past ``pending_limit_bytes``: dropped, counted; its step goes out
-        incomplete (the sender tells the collector)."""
-        payload[name] = INVALID
+        payload[name] = INVALID  # past pending_limit_bytes: its step goes out incomplete
         self._counters.dropped_unreduced += 1
-        self._warn_once(
-            "unreduced",
-            f"{name} at step {step} dropped: its rows (about {size / MIB:.1f} MiB) and the "
-            f"{held / MIB:.1f} MiB of rows the sender thread has not reduced yet are more than "
-            f"pending_limit_bytes ({self._pending_limit / MIB:.0f} MiB). Counted in stats() as "
-            "dropped_unreduced; such steps reach the collector partial, naming this rank",
-        )
+        self._warn_once("unreduced", over_bound(name, step, size, held, self._pending_limit))
 
     def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
         payload[name] = INVALID
@@ -415,7 +407,9 @@ class Producer:
         ``dropped_conflict`` while another process held this rank, ``dropped_rejected`` in
         messages it rejected, ``dropped_names`` values of names beyond its run's bound), calls
         larger than a message (``dropped_oversized``), invalid values and names, non-finite
-        samples left out, errors; ``Samples`` rows dropped as bad and texts cut (rows)."""
+        samples left out, errors; ``Samples`` rows dropped as bad and texts cut (rows), and
+        values dropped before the sender reduced them (``dropped_unreduced``: their steps go
+        out partial naming this rank; ``rlpulse.producer.pending``)."""
         return combine(self._counters, self._sender.counters, unacked=self._sender.unacked)
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -3,58 +3,101 @@
 ``log()`` hands ``Samples`` values to the sender thread as they are (their rows are reduced
 there: ``rlpulse.producer.samples``), so until then the producer holds the rows. A sender
 that falls behind (rows logged faster than it reduces them) would hold them without bound:
-``log()`` therefore counts each value's bytes (:func:`samples_bytes`, an estimate cheap
-enough for the training thread) against ``ProducerConfig.pending_limit_bytes``, released by
-the sender once it has reduced the value. A value that would go past the bound is dropped
+``log()`` therefore counts each value's bytes (:class:`RowBytes`, an estimate cheap enough
+for the training thread) against ``ProducerConfig.pending_limit_bytes``, released by the
+sender once it has reduced the value. A value that would go past the bound is dropped
 and counted (``stats()["dropped_unreduced"]``); the rest of its call still goes. Host arrays
 and GPU values have their own bound (``snapshot_limit_bytes``, past which ``log()`` reduces
 them at once), numbers are a few bytes each (``max_pending`` calls bound them). The bound
 also bounds the delay: a step's numbers wait behind at most that many bytes of rows queued
-before them (about 0.2 s per 160 MB of rows, measured in ``tests/integration/behind.py``).
+before them (the issue's 20,000 rows of 8 KB texts, 160 MB, take the sender about 0.2 s).
 
 A step that lost values this way, or because ``close()`` could not reduce them in time, goes
 to the collector as *incomplete* (:class:`IncompleteSteps`, the wire's ``incomplete``
 element): it emits that step partial, naming this rank. The producer names those steps in a
 warning when it closes.
 
->>> from rlpulse.producer.values import Samples
->>> samples_bytes(Samples([{"text": "x" * 1000, "reward": 1.0}] * 100, key="reward")) > 100_000
-True
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
+from typing import Any
 
+from rlpulse.producer.config import MIB
 from rlpulse.producer.values import Samples
 from rlpulse.schemas.messages import DEFAULT_LIMITS
 
-SAMPLED_ROWS = 8
-"""Rows of a ``Samples`` value :func:`samples_bytes` measures (spread evenly over it)."""
-_size = sys.getsizeof
+ROW_BYTES = 72
+"""What a row holds besides its fields: the dict and its reference in the value's tuple."""
+FIELD_BYTES = 64
+"""What a field holds besides its text: the dict's slot and the value object."""
+MEASURED_ROWS = 64
+"""Rows of a value the sender measures (spread evenly over it) to learn its name's size."""
 
 
-def samples_bytes(value: Samples) -> int:
-    """The memory ``value``'s rows hold, estimated from :data:`SAMPLED_ROWS` of them spread
-    evenly over it (the row mapping and each field value, by ``sys.getsizeof``: a text's
-    exact size, whatever its characters), times the rows, plus the tuple of them. A few µs
-    whatever the rows: walking 20,000 rows of long texts in ``log()`` would cost the
-    training thread milliseconds. An estimate, not a bound: rows of very uneven sizes are
-    measured within the spread of the ones sampled."""
-    rows = value.rows
-    n = len(rows)
-    total = _size(rows)
-    if not n:
-        return total
-    picked = rows if n <= SAMPLED_ROWS else rows[:: n // SAMPLED_ROWS][:SAMPLED_ROWS]
-    sampled = 0
-    for row in picked:
-        sampled += _size(row)
-        if type(row) is dict:
-            for v in row.values():
-                sampled += _size(v)
-    return total + sampled * n // len(picked)
+def row_bytes(row: Any) -> int:
+    """What one row holds, from its fields and the lengths of its texts (a byte a character;
+    4 for a text that is not ASCII, the most CPython stores a character in): O(fields)."""
+    if type(row) is not dict:
+        return ROW_BYTES
+    total = ROW_BYTES + FIELD_BYTES * len(row)
+    for v in row.values():
+        if type(v) is str:
+            total += len(v) if v.isascii() else 4 * len(v)
+    return total
+
+
+class RowBytes:
+    """The bytes of ``Samples`` rows ``log()`` charges against ``pending_limit_bytes``.
+
+    ``log()`` cannot measure a value's rows (20,000 rows of 8 KB texts: milliseconds of the
+    training thread), so it estimates: the value's rows times the mean row of the latest
+    value of the same name the sender thread reduced (:meth:`learn`: :data:`MEASURED_ROWS`
+    rows spread over it, measured on the sender), a dict look-up. While the sender is behind
+    (``behind``: rows it has not reduced yet), when the bound can be reached, it also reads
+    the value's first row (:func:`row_bytes`; some µs, its memory being cold) and charges
+    the larger: rows that grew show in their first row at once, a first row shorter than the
+    rest is caught by the mean. So the bound holds but for at most one value whose rows
+    outgrew its name's measure while the sender was idle. ``per_row`` is written by the
+    sender only.
+
+    >>> sizes = RowBytes()
+    >>> value = Samples([{"text": "x" * 1000, "reward": 1.0}] * 100, key="reward")
+    >>> sizes.estimate("rollout/samples", value, behind=False)
+    120000
+    """
+
+    def __init__(self) -> None:
+        self.per_row: dict[str, float] = {}
+
+    def estimate(self, name: str, value: Samples, behind: bool) -> int:
+        """What ``value`` (logged as ``name``) is taken to hold; in ``log()``."""
+        rows = value.rows
+        known = self.per_row.get(name)
+        if known is not None and not behind:
+            return int(len(rows) * known)
+        first = row_bytes(rows[0]) if rows else 0
+        return int(len(rows) * (known if known is not None and known > first else first))
+
+    def learn(self, payload: Mapping[Any, Any]) -> None:
+        """Measure the ``Samples`` values of a call the sender is about to reduce."""
+        for name, value in payload.items():
+            if type(value) is Samples and value.rows:
+                rows = value.rows
+                picked = rows[:: max(1, len(rows) // MEASURED_ROWS)]
+                self.per_row[name] = sum(map(row_bytes, picked)) / len(picked)
+
+
+def over_bound(name: str, step: int, size: int, held: int, limit: int) -> str:
+    """The warning of a value dropped in ``log()``: ``size`` bytes of rows, with the ``held``
+    bytes not reduced yet, past ``limit``."""
+    return (
+        f"{name} at step {step} dropped: its rows (about {size / MIB:.1f} MiB) and the "
+        f"{held / MIB:.1f} MiB of rows the sender thread has not reduced yet are more than "
+        f"pending_limit_bytes ({limit / MIB:.0f} MiB). Counted in stats() as "
+        "dropped_unreduced; such steps reach the collector partial, naming this rank"
+    )
 
 
 SHOWN_RANGES = 20

@@ -30,11 +30,11 @@ from rlpulse.producer.buffers import Buffers
 from rlpulse.producer.config import ProducerConfig, goodbye_share_s
 from rlpulse.producer.copies import reduce_copies
 from rlpulse.producer.encode import INVALID, Encoder
-from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.gpustate import GpuReadings, NvmlSampler
 from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.link import Session
 from rlpulse.producer.outbox import Outbox, Registration
-from rlpulse.producer.pending import MAX_INCOMPLETE, IncompleteSteps
+from rlpulse.producer.pending import MAX_INCOMPLETE, IncompleteSteps, RowBytes
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.wire.transport import Transport
@@ -93,7 +93,7 @@ class Sender(threading.Thread):
         self.counters: Counters = encoder.counters
         self.stats = stats
         self.warn_once = warn_once
-        self.nvml = nvml
+        self.gpus = GpuReadings(nvml, config.gpu_sample_s, self.counters, warn_once)
         self.buffers = buffers
         """Where the host copies' arrays go back once reduced (``log()`` reuses them)."""
         self.caller = caller or CallerFirst()
@@ -132,7 +132,8 @@ class Sender(threading.Thread):
         go, as ``released_bytes`` (``rlpulse.producer.pending``)."""
         self.incomplete = IncompleteSteps()
         """Steps that lost values here or in ``log()``: told to the collector."""
-        self._next_gpu_sample = 0.0
+        self.row_bytes = RowBytes()
+        """The size of each name's rows, learned here, for ``log()``'s estimates."""
         self._step: tuple[int, float] | None = None
         """The latest step a log() call reached the sender with, and that call's time."""
         self._done_through = -1
@@ -272,6 +273,8 @@ class Sender(threading.Thread):
         if payload is None:
             incomplete = True
         else:
+            if held:
+                self.row_bytes.learn(payload)
             if copied:
                 self._reduce_copies(payload, copied)
             try:
@@ -309,29 +312,16 @@ class Sender(threading.Thread):
     # ------------------------------------------------------------------ GPU state
 
     def _sample_gpus(self, step: int, t: float) -> None:
-        """Read the GPUs through NVML and log the readings at ``step`` with time ``t`` (the
-        time of that step's own call, so a reading never moves the step's end)."""
-        nvml = self.nvml
-        if nvml is None or self.config.gpu_sample_s <= 0 or not nvml.start():
-            return
-        try:
-            readings = nvml.sample()
-        except Exception as exc:
-            self.counters.errors += 1
-            self.warn_once("nvml", f"reading the GPUs through NVML failed: {exc!r}")
-            return
-        self._next_gpu_sample = time.monotonic() + self.config.gpu_sample_s
+        """Read the GPUs and log the readings at ``step`` with time ``t`` (the time of that
+        step's own call, so a reading never moves the step's end)."""
+        readings = self.gpus.read()
         if readings:
             self._waiting.append(Call(step, t, readings, (), False))
 
     def _sample_gpus_now(self) -> None:
         """The periodic reading, at the latest step this producer is still in."""
         step = self._step
-        if (
-            step is not None
-            and step[0] > self._done_through
-            and time.monotonic() >= self._next_gpu_sample
-        ):
+        if step is not None and step[0] > self._done_through and self.gpus.due():
             self._sample_gpus(*step)
 
     # ------------------------------------------------------------------ the loop
@@ -383,8 +373,7 @@ class Sender(threading.Thread):
             self.counters.errors += 1
             log.error("rlpulse sender stopped on an unexpected error: %r", exc)
         finally:
-            if self.nvml is not None:
-                self.nvml.close()
+            self.gpus.close()
             self.transport.close()
             self.outbox.release_waiters()
             for item in self._waiting:

@@ -16,7 +16,7 @@ import pytest
 from rlpulse import Samples
 from rlpulse.producer import Producer
 from rlpulse.producer.config import MIB, ProducerConfig
-from rlpulse.producer.pending import IncompleteSteps, samples_bytes
+from rlpulse.producer.pending import IncompleteSteps, RowBytes, row_bytes
 from rlpulse.schemas import metrics as M, protocol
 from tests.producer.conftest import Inbox, entries
 
@@ -30,25 +30,46 @@ def held(rows: list) -> int:
     )
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        lambda i, rng: "p" * 2048 + str(i),  # even rows
-        lambda i, rng: "🙂" * 512 + str(i),  # 4 bytes a character: memory, not length
-        lambda i, rng: "x" * rng.randrange(100, 10_000),  # uneven rows (a fixed seed)
-    ],
-)
-def test_a_samples_value_s_bytes_are_estimated_from_a_few_rows(text) -> None:
+TEXTS = {
+    "even": lambda i, rng: "p" * 2048 + str(i),
+    "not ascii": lambda i, rng: "🙂" * 512 + str(i),  # 4 bytes a character in memory
+    "uneven": lambda i, rng: "x" * rng.randrange(100, 10_000),  # a fixed seed
+    "short": lambda i, rng: "ok",
+}
+
+
+@pytest.mark.parametrize("kind", TEXTS)
+def test_the_sender_learns_a_name_s_row_size_and_log_charges_it(kind: str) -> None:
+    """Once the sender measured a value of the name (64 rows spread over it), ``log()``
+    charges the rows at that size, or at the first row's if larger: within 20% of what they
+    hold, walked whole with ``sys.getsizeof`` (texts of even, uneven, non-ASCII and short
+    lengths)."""
     rng = random.Random(7)
-    rows = [{"prompt": text(i, rng), "reward": float(i), "id": i} for i in range(20_000)]
-    got, want = samples_bytes(Samples(rows, key="reward")), held(rows)
-    assert abs(got - want) / want < 0.25, (got, want)
+    make = TEXTS[kind]
+    rows = [{"prompt": make(i, rng), "reward": float(i), "id": i} for i in range(20_000)]
+    value = Samples(rows, key="reward")
+    sizes = RowBytes()
+    sizes.learn({NAME: value, LOSS: 1.0})
+    again = Samples([dict(r) for r in rows], key="reward")
+    got, want = sizes.estimate(NAME, again, behind=False), held(rows)
+    assert abs(got - want) / want < 0.2, (got, want)
 
 
-def test_a_small_value_is_measured_whole() -> None:
-    rows = [{"t": "a" * 10}, {"t": "b" * 1000}]
-    assert samples_bytes(Samples(rows, key="t")) == held(rows)
-    assert samples_bytes(Samples([], key="t")) == sys.getsizeof(())
+def test_log_charges_the_name_s_mean_row_and_the_first_row_too_while_the_sender_is_behind() -> None:
+    """Before the sender measured a value of the name, the first row; after, the name's
+    mean row, and while the sender is behind the larger of the two: rows that grew while it
+    is behind show in their first row."""
+    sizes = RowBytes()
+    small = Samples([{"t": "a" * 100}] * 50, key="t")
+    for behind in (False, True):
+        assert sizes.estimate(NAME, small, behind) == 50 * row_bytes({"t": "a" * 100})
+        assert sizes.estimate(NAME, Samples([], key="t"), behind) == 0
+    sizes.learn({NAME: small})
+    big = Samples([{"t": "b" * 10_000}] + [{"t": "a" * 100}] * 49, key="t")
+    assert sizes.estimate(NAME, big, behind=True) == 50 * row_bytes({"t": "b" * 10_000})
+    assert sizes.estimate(NAME, big, behind=False) == 50 * row_bytes({"t": "a" * 100})
+    short_first = Samples([{"t": ""}] + [{"t": "a" * 100}] * 49, key="t")
+    assert sizes.estimate(NAME, short_first, behind=True) == 50 * row_bytes({"t": "a" * 100})
 
 
 def test_incomplete_steps_are_told_once_and_named_as_ranges() -> None:
@@ -87,12 +108,12 @@ def test_rows_past_the_bound_are_dropped_counted_and_their_steps_told(inbox: Inb
         Samples([{"text": f"{s}" + "t" * 200_000, "reward": 1.0} for _ in range(10)], "reward")
         for s in range(1, 8)
     ]
-    pending = samples_bytes(Samples([Stall(reward=1.0)], key="reward"))
+    pending = p._row_bytes.estimate(NAME, Samples([Stall(reward=1.0)], key="reward"), False)
     dropped = []
     with caplog.at_level(logging.WARNING, logger="rlpulse.producer"):
         for step, value in enumerate(values, 1):
+            size = p._row_bytes.estimate(NAME, value, behind=True)  # the sender is stuck
             p.log({NAME: value, LOSS: float(step)}, step=step)
-            size = samples_bytes(value)
             if pending + size <= limit:
                 pending += size
             else:
