@@ -4,8 +4,8 @@ Ranks, each its own process, log at every step a ``Samples`` of ``rows`` rows (a
 a response of given sizes, a reward) and one scalar, ``pace_s`` apart, then ``close()``. A
 real collector (jsonl, Prometheus, ``state_dir``) receives them on loopback. :func:`run`
 returns what the user would look at: the steps in the jsonl (partial flags and missing
-ranks), each producer's ``stats()``, its warnings, its peak RSS and how long ``close()``
-took, and the collector's stop line.
+ranks, and how long after its last ``log()`` each appeared), each producer's ``stats()``, its
+warnings, its peak RSS and how long ``close()`` took, and the collector's stop line.
 
 The full size (the issue's: 2 ranks, 20,000 rows of a 2 KB prompt and a 6 KB response, 40
 steps 50 ms apart; several GB of memory and a minute or two)::
@@ -107,6 +107,29 @@ def _rank(address: str, rank: int, s: Scenario, out: Path) -> None:
     out.write_text(json.dumps(report))
 
 
+class _Watch:
+    """When each step's line first appeared in the jsonl file (its lag: from the step's last
+    ``log()`` to the sinks)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.at: dict[int, float] = {}
+        self._done = 0
+        self._rest = b""
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self._done)
+            data = self._rest + f.read()
+        self._done += len(data) - len(self._rest)
+        *lines, self._rest = data.split(b"\n")
+        now = time.time()
+        for line in lines:
+            self.at.setdefault(json.loads(line)["step"], now)
+
+
 def run(s: Scenario, work: Path | None = None) -> dict[str, Any]:
     """Run the scenario against a fresh collector; what reached it and what each rank saw."""
     work = work or Path(mkdtemp(prefix="rlpulse-behind-"))
@@ -126,13 +149,21 @@ def run(s: Scenario, work: Path | None = None) -> dict[str, Any]:
             proc = SPAWN.Process(target=_rank, args=(collector.address, rank, s, out))
             proc.start()
             procs.append((proc, out))
-        for proc, _ in procs:
-            proc.join(600)
-        time.sleep(1.0)  # what was delivered is applied
+        seen = _Watch(jsonl)
+        deadline = time.monotonic() + 600
+        while any(proc.is_alive() for proc, _ in procs) and time.monotonic() < deadline:
+            seen.read()
+            time.sleep(0.02)
+        end = time.monotonic() + 1.0  # what was delivered is applied
+        while time.monotonic() < end:
+            seen.read()
+            time.sleep(0.02)
         ranks = [json.loads(out.read_text()) for _, out in procs]
     finally:
         collector.stop(120)
     records = read_jsonl(jsonl) if jsonl.exists() else []
+    lags = {r["step"]: seen.at[r["step"]] - r["time"] for r in records if r["step"] in seen.at}
+    lag = sorted(lags.values())
     stopped = [line for line in log_path.read_text().splitlines() if "collector stopped" in line]
     dropped = re.search(r"producers dropped (\d+)", stopped[-1]) if stopped else None
     report_path = work / "state" / "stopped.json"
@@ -142,6 +173,8 @@ def run(s: Scenario, work: Path | None = None) -> dict[str, Any]:
         "partial": {r["step"]: r["missing"] for r in records if r["partial"]},
         "with_samples": [r["step"] for r in records if SAMPLES in r.get("samples", {})],
         "scalar_ranks": {r["step"]: r["metrics"].get(SCALAR) for r in records},
+        "lag_s": {"median": lag[len(lag) // 2], "max": lag[-1]} if lag else None,
+        "lag_by_step": lags,
         "ranks": ranks,
         "collector_stop_line": stopped[-1] if stopped else "",
         "collector_producers_dropped": int(dropped.group(1)) if dropped else None,
@@ -158,6 +191,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "missing_steps": sorted(set(range(s["steps"])) - set(result["steps"])),
         "partial_steps": sorted(result["partial"]),
         "steps_with_samples": len(result["with_samples"]),
+        "lag_s": result["lag_s"],
         "collector_producers_dropped": result["collector_producers_dropped"],
         "stop_report": result["stop_report"],
         "ranks": [
