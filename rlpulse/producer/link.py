@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from rlpulse.producer.outbox import Outbox, Registration
+from rlpulse.producer.pending import IncompleteSteps
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -321,9 +322,13 @@ class Session:
         """What a close that gave up left behind, and why, in words."""
         parts = []
         if unsent:
+            steps = IncompleteSteps()
+            for step in self.outbox.unsent_steps():
+                steps.add(step)
             parts.append(
                 f"{unsent} log() calls never sent, lost (stats() dropped_send): "
                 + ("no collector answered" if not self.ever_connected else "not connected")
+                + (f", of steps {steps.describe()}" if steps.count else "")
             )
         if unconfirmed:
             why = (

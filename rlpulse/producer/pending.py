@@ -112,8 +112,9 @@ CAUSES = ("dropped_unreduced", "dropped_send", "dropped_oversized", "errors")
 class IncompleteSteps:
     """Steps this producer sent, or could not send, without some of their values: each
     goes to the collector once, in the next data message (:meth:`take`), and all of them
-    are named in the warning at ``close()`` (:meth:`describe`, as ranges). Written by the
-    sender thread only.
+    are named in the warning at ``close()`` (:meth:`describe`, as ranges: the first
+    :data:`SHOWN_RANGES` kept, the others counted, so a long run keeps a few numbers).
+    Written by the sender thread only.
 
     >>> steps = IncompleteSteps()
     >>> for s in (3, 4, 5, 9):
@@ -125,20 +126,28 @@ class IncompleteSteps:
     def __init__(self) -> None:
         self._untold: list[int] = []
         self._ranges: list[list[int]] = []
-        """Every step noted, as ``[first, last]`` ranges, in the order noted."""
+        """The first ranges of steps noted, ``[first, last]``, in the order noted."""
+        self._last = [-1, -2]
+        """The range the latest step is in (one of ``_ranges``, or past them)."""
+        self._more = 0
+        """Ranges past the first :data:`SHOWN_RANGES`."""
         self.count = 0
 
     def add(self, step: int) -> None:
         """Note ``step`` (once: a step noted twice in a row is one)."""
-        ranges = self._ranges
-        if ranges and ranges[-1][0] <= step <= ranges[-1][1]:
+        last = self._last
+        if last[0] <= step <= last[1]:
             return
         self.count += 1
         self._untold.append(step)
-        if ranges and step == ranges[-1][1] + 1:
-            ranges[-1][1] = step
+        if step == last[1] + 1:
+            last[1] = step
+        elif len(self._ranges) < SHOWN_RANGES:
+            self._last = [step, step]
+            self._ranges.append(self._last)
         else:
-            ranges.append([step, step])
+            self._last = [step, step]
+            self._more += 1
 
     def take(self, limit: int) -> list[int]:
         """Up to ``limit`` steps not told to the collector yet, now told."""
@@ -151,9 +160,8 @@ class IncompleteSteps:
 
     def describe(self) -> str:
         """The steps noted, as ranges (``25-39, 41``), the first :data:`SHOWN_RANGES` of them."""
-        shown = [f"{a}-{b}" if b > a else f"{a}" for a, b in self._ranges[:SHOWN_RANGES]]
-        more = len(self._ranges) - SHOWN_RANGES
-        return ", ".join(shown) + (f" and {more} more ranges" if more > 0 else "")
+        shown = [f"{a}-{b}" if b > a else f"{a}" for a, b in self._ranges]
+        return ", ".join(shown) + (f" and {self._more} more ranges" if self._more else "")
 
     def verdict(self, stats: Mapping[str, int]) -> str:
         """What the warning at ``close()`` says: the steps, and the counters that lost them."""

@@ -108,3 +108,16 @@ def test_a_relay_passes_the_notice_to_the_root() -> None:
     assert [(r.step, r.missing) for r in t.out] == [(0, RANK0), (1, ()), (2, RANK0)]
     t.same_as_reference()
     assert t.root.health.late == 0
+
+
+def test_a_restarted_rank_answers_for_the_steps_its_old_process_had_not_finished() -> None:
+    """The old process said step 1 was incomplete but had not finished it; the restarted
+    process sends step 1 whole: complete. Step 0, which the old process finished with its
+    word that it lost values, stays partial."""
+    h = two_ranks()
+    h.send(lost(metrics(1, 0, {LOSS: 1.0}), 0), lost(metrics(1, 1, {LOSS: 1.0}), 1))
+    h.send(hello(3, rank=0, ws=2))  # rank 0 restarted: a new process takes its slot
+    h.send(metrics(3, 1, {LOSS: 5.0}), metrics(3, 2, {LOSS: 5.0}))
+    h.send(metrics(2, 0, {LOSS: 3.0}), metrics(2, 1, {LOSS: 3.0}), metrics(2, 2, {LOSS: 3.0}))
+    assert [(r.step, r.missing) for r in h.records] == [(0, RANK0), (1, ())]
+    assert h.records[1].metrics[LOSS] == 4.0  # the new process's and rank 1's

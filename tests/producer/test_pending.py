@@ -173,3 +173,21 @@ def test_close_stops_reducing_at_its_deadline_sends_the_rest_and_tells_the_steps
     assert told == [s for s in range(STEPS) if s not in with_rows]
     assert stats["dropped_unreduced"] == len(told) and stats["dropped_send"] == 0
     assert f"steps {min(told)}-{STEPS - 1}" in caplog.text
+
+
+def test_a_close_that_could_not_send_names_the_steps_it_lost(caplog) -> None:
+    """No collector: the calls never went out (``dropped_send``), and the warning says which
+    steps they were, as ranges."""
+    from tests.support.net import free_port
+
+    p = Producer(f"tcp://127.0.0.1:{free_port()}", run="r", role="actor_train", world_size=1)
+    for step in (*range(5), 9):
+        p.log({LOSS: float(step)}, step=step)
+    time.sleep(0.1)
+    with caplog.at_level(logging.WARNING, logger="rlpulse.producer"):
+        p.close(timeout=0.5)
+    assert p.stats()["dropped_send"] == 6
+    assert (
+        "6 log() calls never sent, lost (stats() dropped_send): no collector answered, of steps 0-4, 9"
+        in caplog.text
+    )

@@ -233,12 +233,18 @@ class Run:
         reducing them): each goes out partial, naming its slot, opened if need be (a step
         whose values it lost whole). One already emitted is opened again if the output says
         so (a relay: its root must hear of it); otherwise it had gone out without them:
-        counted and logged."""
-        if not self.membership.holds_slot(prod):
+        counted and logged. A replaced process's word counts for the steps it had finished
+        (recovery: ``sealing``)."""
+        sealing = self.sealing(prod, replay)
+        if sealing is None:
             return
         slot = prod.slot
         for step in steps:
+            if sealing and step > prod.watermark:
+                continue  # a replaced process's step that its successor answers for
             state = self.steps.get(step)
+            if state is not None and state.position is None:
+                state.position = position  # a step opened from the checkpoint
             if state is None and step <= self.last_emitted:
                 finished = self.output.reopen(self, prod, step)
                 if finished is None:
@@ -328,6 +334,8 @@ class Run:
         changed = 0
         self.merger.merge_pending()
         for state in self.steps.values():
+            if state.step > finished:
+                state.incomplete.discard(slot)  # the old process's word: the new one answers
             if pid not in state.contributors:
                 continue
             if state.step <= finished:
