@@ -5,7 +5,9 @@ references); the encoder hands it here, on the sender thread, where its rows are
 bounded and reduced to the top, bottom and random ``k`` (``rlpulse.schemas.samples``), with
 this rank's ``(role, rank)`` as every row's origin. Bad rows are dropped and counted
 (``samples_dropped``), cut texts counted (``samples_cut``); a bad value as a whole (a ``k``
-out of range, a key that is not a string) is counted ``invalid``. Nothing here raises.
+out of range, a key that is not a string) is counted ``invalid``. Nothing here raises. When
+``close()`` is ending, a value not reduced by the sender's ``cutoff`` is given up
+(:data:`GAVE_UP`), counted by the encoder (``dropped_unreduced``).
 
 >>> from rlpulse.producer.stats import Counters
 >>> reducer = SampleReducer(("actor", 0), SampleLimits(k=2), Counters())
@@ -47,7 +49,7 @@ class SampleReducer:
 
     def reduce(self, value: Samples) -> SampleState | object | None:
         """The state of ``value``'s rows; None (counted ``invalid``) for a value that cannot
-        be reduced at all; :data:`GAVE_UP` past the ``cutoff`` (looked at every ``CHUNK``
+        be reduced at all; :data:`GAVE_UP` past the ``cutoff`` (looked at every :data:`SLICE`
         rows: the states of slices merge exactly into the whole's)."""
         limits = self._limits(value.k)
         if limits is None or type(value.key) is not str or not value.key:

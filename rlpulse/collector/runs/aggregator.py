@@ -145,7 +145,7 @@ class Aggregator:
                 sealing,
                 data.samples,
             )
-            if data.incomplete and not sealing:
+            if data.incomplete:
                 run.incomplete(prod, data.incomplete, now, position, replay)
         elif kind is protocol.Delta:
             apply_delta(self, prod, msg, now, position, replay)  # type: ignore[arg-type]
