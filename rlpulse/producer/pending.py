@@ -22,7 +22,7 @@ warning when it closes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlpulse.producer.config import MIB
 from rlpulse.producer.values import Samples
@@ -48,19 +48,28 @@ def row_bytes(row: Any) -> int:
     return total
 
 
+class Measure(NamedTuple):
+    """What the sender measured of a name's rows: the mean row (:func:`row_bytes`), and the
+    field of its longest texts with their mean length (None without texts)."""
+
+    row: float
+    field: str | None
+    text: float
+
+
 class RowBytes:
     """The bytes of ``Samples`` rows ``log()`` charges against ``pending_limit_bytes``.
 
     ``log()`` cannot measure a value's rows (20,000 rows of 8 KB texts: milliseconds of the
-    training thread), so it estimates: the value's rows times the mean row of the latest
-    value of the same name the sender thread reduced (:meth:`learn`: :data:`MEASURED_ROWS`
-    rows spread over it, measured on the sender), a dict look-up. While the sender is behind
-    (``behind``: rows it has not reduced yet), when the bound can be reached, it also reads
-    the value's first row (:func:`row_bytes`; some µs, its memory being cold) and charges
-    the larger: rows that grew show in their first row at once, a first row shorter than the
-    rest is caught by the mean. So the bound holds but for at most one value whose rows
-    outgrew its name's measure while the sender was idle. ``per_row`` is written by the
-    sender only.
+    training thread; even one row's fields, their memory cold, cost it some µs), so it
+    estimates: the value's rows times the mean row of the latest value of the same name the
+    sender thread reduced (:meth:`learn`: :data:`MEASURED_ROWS` rows spread over it,
+    measured on the sender), a dict look-up. While the sender is behind (rows it has not
+    reduced yet: when the bound can be reached), it also reads the first row's text in the
+    field of the name's longest texts (a response), and charges its growth over that field's
+    mean: rows that grow show at once. The first value of a name, or of one whose rows had no
+    text, is charged by its first row whole (:func:`row_bytes`). ``measured`` is written by
+    the sender only.
 
     >>> sizes = RowBytes()
     >>> value = Samples([{"text": "x" * 1000, "reward": 1.0}] * 100, key="reward")
@@ -69,16 +78,26 @@ class RowBytes:
     """
 
     def __init__(self) -> None:
-        self.per_row: dict[str, float] = {}
+        self.measured: dict[str, Measure] = {}
 
     def estimate(self, name: str, value: Samples, behind: bool) -> int:
         """What ``value`` (logged as ``name``) is taken to hold; in ``log()``."""
         rows = value.rows
-        known = self.per_row.get(name)
-        if known is not None and not behind:
-            return int(len(rows) * known)
-        first = row_bytes(rows[0]) if rows else 0
-        return int(len(rows) * (known if known is not None and known > first else first))
+        if not rows:
+            return 0
+        known = self.measured.get(name)
+        if known is None:
+            return len(rows) * row_bytes(rows[0])
+        per = known.row
+        if behind:
+            first = rows[0]
+            if known.field is None:
+                per = max(per, row_bytes(first))
+            elif type(first) is dict:
+                text = first.get(known.field)
+                if type(text) is str and len(text) > known.text:
+                    per += len(text) - known.text
+        return int(len(rows) * per)
 
     def learn(self, payload: Mapping[Any, Any]) -> None:
         """Measure the ``Samples`` values of a call the sender is about to reduce."""
@@ -86,7 +105,16 @@ class RowBytes:
             if type(value) is Samples and value.rows:
                 rows = value.rows
                 picked = rows[:: max(1, len(rows) // MEASURED_ROWS)]
-                self.per_row[name] = sum(map(row_bytes, picked)) / len(picked)
+                texts: dict[str, int] = {}
+                for row in picked:
+                    if type(row) is dict:
+                        for field, v in row.items():
+                            if type(v) is str:
+                                texts[field] = texts.get(field, 0) + len(v)
+                longest = max(texts, key=texts.__getitem__) if texts else None
+                mean_text = texts[longest] / len(picked) if longest is not None else 0.0
+                row = sum(map(row_bytes, picked)) / len(picked)
+                self.measured[name] = Measure(row, longest, mean_text)
 
 
 def over_bound(name: str, step: int, size: int, held: int, limit: int) -> str:

@@ -55,21 +55,26 @@ def test_the_sender_learns_a_name_s_row_size_and_log_charges_it(kind: str) -> No
     assert abs(got - want) / want < 0.2, (got, want)
 
 
-def test_log_charges_the_name_s_mean_row_and_the_first_row_too_while_the_sender_is_behind() -> None:
+def test_log_charges_the_name_s_mean_row_and_the_growth_of_its_texts_while_behind() -> None:
     """Before the sender measured a value of the name, the first row; after, the name's
-    mean row, and while the sender is behind the larger of the two: rows that grew while it
-    is behind show in their first row."""
+    mean row, and while the sender is behind, that plus how much longer the first row's
+    text in the name's longest field is: rows that grew while it is behind show at once."""
     sizes = RowBytes()
-    small = Samples([{"t": "a" * 100}] * 50, key="t")
+    row = {"prompt": "p" * 100, "response": "r" * 1000, "reward": 1.0}
+    small = Samples([row] * 50, key="reward")
     for behind in (False, True):
-        assert sizes.estimate(NAME, small, behind) == 50 * row_bytes({"t": "a" * 100})
+        assert sizes.estimate(NAME, small, behind) == 50 * row_bytes(row)
         assert sizes.estimate(NAME, Samples([], key="t"), behind) == 0
     sizes.learn({NAME: small})
-    big = Samples([{"t": "b" * 10_000}] + [{"t": "a" * 100}] * 49, key="t")
-    assert sizes.estimate(NAME, big, behind=True) == 50 * row_bytes({"t": "b" * 10_000})
-    assert sizes.estimate(NAME, big, behind=False) == 50 * row_bytes({"t": "a" * 100})
-    short_first = Samples([{"t": ""}] + [{"t": "a" * 100}] * 49, key="t")
-    assert sizes.estimate(NAME, short_first, behind=True) == 50 * row_bytes({"t": "a" * 100})
+    grown = {**row, "response": "r" * 9000}
+    big = Samples([grown] + [row] * 49, key="reward")
+    assert sizes.estimate(NAME, big, behind=True) == 50 * row_bytes(grown)  # it grew
+    assert sizes.estimate(NAME, big, behind=False) == 50 * row_bytes(row)  # not looked at
+    short = Samples([{**row, "response": ""}] + [row] * 49, key="reward")
+    assert sizes.estimate(NAME, short, behind=True) == 50 * row_bytes(row)  # the mean stands
+    sizes.learn({"numbers": Samples([{"reward": 1.0}], key="reward")})  # no text: whole row
+    wide = Samples([{"reward": 1.0, "note": "n" * 500}] * 4, key="reward")
+    assert sizes.estimate("numbers", wide, behind=True) == 4 * row_bytes(wide.rows[0])
 
 
 def test_incomplete_steps_are_told_once_and_named_as_ranges() -> None:
