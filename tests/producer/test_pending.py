@@ -40,7 +40,7 @@ TEXTS = {
 
 @pytest.mark.parametrize("kind", TEXTS)
 def test_the_sender_learns_a_name_s_row_size_and_log_charges_it(kind: str) -> None:
-    """Once the sender measured a value of the name (64 rows spread over it), ``log()``
+    """Once the sender measured a value of the name (32 rows spread over it), ``log()``
     charges the rows at that size, or at the first row's if larger: within 20% of what they
     hold, walked whole with ``sys.getsizeof`` (texts of even, uneven, non-ASCII and short
     lengths)."""
