@@ -48,11 +48,11 @@ class Shape:
 
     def metrics(self, producer: int, seq: int, step: int, t: float) -> bytes:
         """Exactly ``protocol.encode_metrics(producer, seq, [pack_entry(step, t, 0, ...)],
-        done=step)``: the tag and six fields, the last two the (empty) lists of sketches and
-        samples."""
+        done=step)``: the tag and seven fields, the last three the (empty) lists of sketches,
+        samples and incomplete steps."""
         return b"".join(
             (
-                b"\x97\x16",
+                b"\x98\x16",
                 _pack_int(producer),
                 _pack_int(seq),
                 b"\x91\x95",
@@ -60,7 +60,7 @@ class Shape:
                 b"\xcb" + struct.pack(">d", t),
                 self._tail,
                 _pack_int(step),
-                b"\x90\x90",  # no sketches, no samples
+                b"\x90\x90\x90",  # no sketches, no samples, no incomplete steps
             )
         )
 

@@ -171,6 +171,12 @@ class Health:
         "rlpulse_collector_conflict_entries_total",
         "Entries refused because their producer no longer holds its (role, rank) slot.",
     )
+    incomplete_steps = SelfMetric(
+        "rlpulse_collector_incomplete_steps_total",
+        "Steps a rank said it sent without some of its values, which its producer dropped "
+        "before it could reduce them (past its pending_limit_bytes, or left when close() "
+        "ended), one per rank and step: each went out partial naming the rank.",
+    )
     overcounted_steps = SelfMetric(
         "rlpulse_collector_overcounted_steps_total",
         "Steps emitted partial because a role had more contributors than its world size, or "
@@ -287,7 +293,8 @@ class Health:
 
 PRODUCER_DROPPED = SelfMetric(
     "rlpulse_collector_producer_dropped_total",
-    "Entries producers reported dropping before sending (queue full, collector away).",
+    "Entries producers reported dropping before sending (queue full, collector away), and "
+    "values they dropped before reducing them (dropped_unreduced: their steps go out partial).",
     key="producer_dropped",
 )
 """Summed from the producers' own counters (heartbeats and goodbyes)."""

@@ -37,6 +37,8 @@ def write_stop_report(
         "steps_emitted": health.steps_emitted,
         "partial_steps": health.partial_steps,
         "late": health.late,
+        "producers_dropped": health.producer_dropped(),
+        "incomplete_steps": health.incomplete_steps,
     }
     path = state_dir / "stopped.json"
     try:
@@ -51,7 +53,8 @@ def log_stopped(h: Health, abandoned: list[str]) -> None:
     log.info(
         "rlpulse collector stopped: %d messages, %d steps emitted (%d partial), %d late, "
         "%d malformed %s, %d duplicates, %d handshake failures, producers dropped %d, "
-        "%d entries never applied (no registration)%s",
+        "%d steps incomplete by a producer's word, %d entries never applied (no "
+        "registration)%s",
         h.messages_received,
         h.steps_emitted,
         h.partial_steps,
@@ -61,6 +64,7 @@ def log_stopped(h: Health, abandoned: list[str]) -> None:
         h.duplicates,
         h.handshake_failed,
         h.producer_dropped(),
+        h.incomplete_steps,
         h.unapplied,
         f"; abandoned sinks: {', '.join(abandoned)}" if abandoned else "",
     )

@@ -24,7 +24,7 @@ from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
 from rlpulse.producer.device import DeviceContext
-from rlpulse.producer.encode import INVALID, PASSED, Encoder
+from rlpulse.producer.encode import INVALID, NUMBERS, Encoder
 from rlpulse.producer.env import (
     curve_from_env,
     default_address,
@@ -36,6 +36,7 @@ from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.hostcopy import HostCopies
 from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
+from rlpulse.producer.pending import over_bound
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue
 from rlpulse.producer.samples import SampleReducer
@@ -43,6 +44,7 @@ from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names
 from rlpulse.producer.stats import Counters, combine
 from rlpulse.producer.steps import as_step
+from rlpulse.producer.values import Samples
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.endpoint import MetricsUrl
 from rlpulse.schemas.errors import SchemaError
@@ -166,6 +168,10 @@ class Producer:
         """Bytes of host samples ``log()`` copied for the sender (its ``released_bytes``
         says how many it has reduced and let go)."""
         self._copy_limit = config.snapshot_limit_bytes
+        self._pending = 0
+        """Bytes of ``Samples`` rows ``log()`` handed to the sender (its ``released_pending``
+        says how many it has reduced or dropped): ``rlpulse.producer.pending``."""
+        self._pending_limit = config.pending_limit_bytes
         self._buffers = Buffers()
         self._copies = HostCopies(self._dists, self._buffers)
         samples = SampleReducer(  # on the sender thread
@@ -186,6 +192,7 @@ class Producer:
             caller=self._caller,
             address=self.address,
         )
+        self._row_bytes = self._sender.row_bytes
         self._sender.start()
         ref = weakref.ref(self)
 
@@ -253,8 +260,18 @@ class Producer:
             # Inlined _device_context(): this is the hot path.
             device = self._device if self._device_known else self._find_device()
             host: list[str] = []
+            pending, incomplete = 0, False
             for name, value in payload.items():
-                if type(value) in PASSED:  # numbers, Samples: the sender reads them
+                if type(value) in NUMBERS:  # the sender reads them
+                    continue
+                if type(value) is Samples:  # the sender reduces the rows: held within a bound
+                    held = self._pending + pending - self._sender.released_pending
+                    size = self._row_bytes.estimate(name, value, held > 0)
+                    if held + size <= self._pending_limit:
+                        pending += size
+                    else:
+                        self._unreduced(payload, name, at, size, held)
+                        incomplete = True
                     continue
                 try:
                     if device and device.owns(value):
@@ -274,7 +291,10 @@ class Producer:
             if deferred:
                 payload.update(deferred)
             self._copied += copied
-            self._queue.append(Call(at, time.time(), payload, waits, phase, copied))
+            self._pending += pending
+            self._queue.append(
+                Call(at, time.time(), payload, waits, phase, copied, pending, incomplete)
+            )
             c.logged += 1
             if not self._wake.is_set():
                 self._wake.set()
@@ -292,6 +312,11 @@ class Producer:
             self._counters.invalid += 1
             self._warn_once(f"step:{type(step).__name__}", f"{exc}: call dropped")
             return None
+
+    def _unreduced(self, payload: dict, name: str, step: int, size: int, held: int) -> None:
+        payload[name] = INVALID  # past pending_limit_bytes: its step goes out incomplete
+        self._counters.dropped_unreduced += 1
+        self._warn_once("unreduced", over_bound(name, step, size, held, self._pending_limit))
 
     def _invalid(self, payload: dict, name: str, exc: InvalidValue) -> None:
         payload[name] = INVALID
@@ -397,7 +422,9 @@ class Producer:
         ``dropped_conflict`` while another process held this rank, ``dropped_rejected`` in
         messages it rejected, ``dropped_names`` values of names beyond its run's bound), calls
         larger than a message (``dropped_oversized``), invalid values and names, non-finite
-        samples left out, errors; ``Samples`` rows dropped as bad and texts cut (rows)."""
+        samples left out, errors; ``Samples`` rows dropped as bad and texts cut (rows), and
+        values dropped before the sender reduced them (``dropped_unreduced``: their steps go
+        out partial naming this rank; ``rlpulse.producer.pending``)."""
         return combine(self._counters, self._sender.counters, unacked=self._sender.unacked)
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -17,6 +17,13 @@ FLUSH_TIMEOUT_S = 5.0
 """How long ``flush()`` waits by default."""
 
 
+def goodbye_share_s(timeout_s: float) -> float:
+    """The last share of a ``close()`` of ``timeout_s`` seconds, kept for the goodbye and its
+    acknowledgement: GPU values and ``Samples`` rows not ready before it are dropped, counted,
+    and their steps told to the collector as incomplete."""
+    return min(0.5, timeout_s / 4)
+
+
 @dataclass(frozen=True)
 class ProducerConfig:
     """How a producer buffers, paces and bounds its work.
@@ -36,6 +43,12 @@ class ProducerConfig:
       memory and host copies each; past it ``log()`` reduces at once (on the caller's stream
       for GPU values, ``rlpulse.producer.device``; in the caller for host arrays,
       ``rlpulse.producer.reduce``).
+    * ``pending_limit_bytes``: memory held by ``Samples`` values ``log()`` handed to the
+      sender thread that it has not reduced yet (estimated in ``log()``,
+      ``rlpulse.producer.pending``); a value past it is dropped and counted
+      (``dropped_unreduced``), the rest of its call still goes, and its step reaches the
+      collector as incomplete: emitted partial, naming this rank. It also bounds how long a
+      step's numbers wait behind rows queued before them.
     * ``samples_k``: rows a ``Samples`` value keeps in each of top, bottom and random, unless
       the value says (``Samples(rows, key, k=...)``); 1..1024.
     * ``samples_field_bytes``: a text field of a sample row is cut to this many UTF-8 bytes
@@ -51,6 +64,7 @@ class ProducerConfig:
     resend_s: float = 2.0
     gpu_sample_s: float = 1.0
     snapshot_limit_bytes: int = 256 * MIB
+    pending_limit_bytes: int = 256 * MIB
     samples_k: int = 8
     samples_field_bytes: int = 4096
     samples_row_fields: int = 64

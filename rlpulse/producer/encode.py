@@ -32,14 +32,14 @@ import numpy as np
 
 from rlpulse.producer.names import BAD_NAME, Names
 from rlpulse.producer.reduce import InvalidValue, Reduced
-from rlpulse.producer.samples import SampleReducer
+from rlpulse.producer.samples import GAVE_UP, SampleReducer
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.values import Samples
 from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
 from rlpulse.schemas.reductions import Reduction
-from rlpulse.schemas.samples import SampleLimits, encode as encode_samples
+from rlpulse.schemas.samples import SampleLimits, SampleState, encode as encode_samples
 from rlpulse.schemas.sketch import counts_of, encode as encode_sketch
 from rlpulse.schemas.values import Summary
 
@@ -51,7 +51,9 @@ _LAST = int(Reduction.LAST)
 _DIST = int(Reduction.DIST)
 _MEAN = int(Reduction.MEAN)
 _SUM = int(Reduction.SUM)
-PASSED = frozenset((float, int, Samples))
+NUMBERS = frozenset((float, int))
+"""Value types ``log()`` passes on as they are: the sender reads them."""
+PASSED = frozenset((*NUMBERS, Samples))
 """Value types ``log()`` leaves as they are: the sender reads them (numbers, and ``Samples``,
 whose rows it reduces here)."""
 MAX_TABLES = 4096
@@ -91,6 +93,9 @@ class Encoder:
         """What the tables take in the hello (:func:`protocol.declared_bytes`)."""
         self.new_tables = False
         """A table was added since the flag was last cleared: say hello before sending."""
+        self.gave_up = False
+        """A ``Samples`` value was dropped unreduced (``close()`` ending) since the flag was
+        last cleared: its step is incomplete."""
 
     def entry(self, step: int, t: float, payload: Mapping[Any, Any]) -> tuple | None:
         """The wire entry of one call; None when nothing in it is left to send."""
@@ -124,6 +129,11 @@ class Encoder:
                 reduced = self.samples.reduce(v, name)
                 if reduced is None:
                     continue
+                if reduced is GAVE_UP:  # close() is ending: lost, counted, its step told
+                    c.dropped_unreduced += 1
+                    self.gave_up = True
+                    continue
+                assert type(reduced) is SampleState
                 sample = encode_samples(reduced)
                 state, nf, sketch = Summary.of_scalar(float(reduced.rows)), 0, None
                 code = _SUM  # the row counts the rows, whatever the name (a user's too)

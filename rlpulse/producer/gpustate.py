@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
 
+from rlpulse.producer.stats import Counters
 from rlpulse.schemas.catalog import Template
 from rlpulse.schemas.metrics import GPU_DEVICE_MEMORY, GPU_POWER, GPU_TEMPERATURE, GPU_UTILIZATION
 
@@ -217,3 +219,48 @@ class NvmlSampler:
                     return None
                 used += proc.usedGpuMemory
         return float(used)
+
+
+class GpuReadings:
+    """When the sender thread reads the GPUs through ``nvml`` (at a phase's end, and every
+    ``every_s`` seconds while a step is under way; 0 turns it off) and what it logs of them.
+    A failed reading is counted (``errors``) and warned about once.
+
+    >>> GpuReadings(None, 1.0, Counters(), print).read() is None
+    True
+    """
+
+    def __init__(
+        self,
+        nvml: NvmlSampler | None,
+        every_s: float,
+        counters: Counters,
+        warn_once: Callable[[str, str], None],
+    ) -> None:
+        self.nvml = nvml
+        self.every_s = every_s
+        self.counters = counters
+        self.warn_once = warn_once
+        self.next_at = 0.0
+        """When the periodic reading is due (``time.monotonic()``)."""
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_at
+
+    def read(self) -> dict[str, float] | None:
+        """The readings to log now; None when off or when nothing was read."""
+        nvml = self.nvml
+        if nvml is None or self.every_s <= 0 or not nvml.start():
+            return None
+        try:
+            readings = nvml.sample()
+        except Exception as exc:
+            self.counters.errors += 1
+            self.warn_once("nvml", f"reading the GPUs through NVML failed: {exc!r}")
+            return None
+        self.next_at = time.monotonic() + self.every_s
+        return readings or None
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()

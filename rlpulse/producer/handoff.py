@@ -107,8 +107,10 @@ class CallerFirst:
 class Call(NamedTuple):
     """A queued ``log()`` call: its step and wall time, its values by name (None once its GPU
     values are lost: then only ``step`` and ``time`` still count), the device work they wait
-    for, whether it ends a phase (the sender then reads the GPUs), and the bytes of host
-    copies among its values (``rlpulse.producer.copies.Snapshot``: 0, none to reduce).
+    for, whether it ends a phase (the sender then reads the GPUs), the bytes of host
+    copies among its values (``rlpulse.producer.copies.Snapshot``: 0, none to reduce), the
+    bytes of its ``Samples`` values (``rlpulse.producer.pending``), and whether ``log()``
+    dropped some of its values unreduced (its step is then incomplete).
 
     >>> Call(7, time.time(), {"actor/pg_loss": 0.31}, (), False).step
     7
@@ -120,6 +122,8 @@ class Call(NamedTuple):
     waits: tuple[Pending, ...]
     phase_end: bool
     copied: int = 0
+    pending: int = 0
+    incomplete: bool = False
 
 
 class Done(NamedTuple):

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from rlpulse.producer.outbox import Outbox, Registration
+from rlpulse.producer.pending import IncompleteSteps
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.schemas.errors import SchemaError
@@ -356,7 +357,13 @@ class Session:
                 why = f"a collector answered but refused this producer ({self.rejected})"
             else:
                 why = "no collector answered" if not self.ever_connected else "not connected"
-            parts.append(f"{unsent} log() calls never sent, lost (stats() dropped_send): {why}")
+            steps = IncompleteSteps()
+            for step in self.outbox.unsent_steps():
+                steps.add(step)
+            parts.append(
+                f"{unsent} log() calls never sent, lost (stats() dropped_send): {why}"
+                + (f", of steps {steps.describe()}" if steps.count else "")
+            )
         if unconfirmed:
             why = (
                 "the collector holds this producer back (flow control: it is ahead of its "

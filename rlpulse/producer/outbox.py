@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlpulse.schemas import protocol
+from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import TableDecl
 
 HOLD_LIMIT = 10
@@ -120,6 +121,20 @@ class Outbox:
             else:
                 unsent += item.entries
         return unsent, unconfirmed
+
+    def unsent_steps(self) -> list[int]:
+        """The steps of the ``log()`` calls in messages that never went out (a close names
+        them), read back from the messages."""
+        steps: set[int] = set()
+        for item in self._unacked:
+            if not item.went_out:
+                try:
+                    msg = protocol.decode(item.payload)
+                except SchemaError:  # ours, so never; but a warning must not fail
+                    continue
+                if isinstance(msg, protocol.Metrics):
+                    steps.update(e[0] for e in msg.entries)
+        return sorted(steps)
 
     # ------------------------------------------------------------------ sending
 

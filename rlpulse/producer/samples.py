@@ -7,7 +7,9 @@ this rank's ``(role, rank)`` as every row's origin. Bad rows are dropped and cou
 (``samples_dropped``), cut texts counted (``samples_cut``); a bad value as a whole (a ``k``
 out of range, a key that is not a string, rows that are no sequence of mappings) is counted
 ``invalid``. Each is warned about once per name, with the reason (the first bad row's, for
-dropped rows). Nothing here raises.
+dropped rows). Nothing here raises. When ``close()`` is ending, a value not reduced by the
+sender's ``cutoff`` is given up (:data:`GAVE_UP`), counted by the encoder
+(``dropped_unreduced``).
 
 >>> from rlpulse.producer.stats import Counters
 >>> reducer = SampleReducer(("actor", 0), SampleLimits(k=2), Counters())
@@ -18,12 +20,20 @@ dropped rows). Nothing here raises.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.values import Samples
 from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows, row_problem
+
+SLICE = 1024
+"""Rows reduced between two looks at the ``cutoff`` (about 10 ms of rows of long texts)."""
+GAVE_UP = object()
+"""What :meth:`SampleReducer.reduce` returns for a value it stopped reducing at its
+``cutoff`` (``close()`` is ending): the value is lost, the caller counts it."""
 
 
 class SampleReducer:
@@ -45,10 +55,15 @@ class SampleReducer:
         self._by_k: dict[int, SampleLimits] = {limits.k: limits}
         self._told: set[str] = set()
         """Names whose dropped rows were warned about (the reason is looked for once)."""
+        self.cutoff = math.inf
+        """``time.monotonic()`` past which values are no longer reduced (set by the sender
+        when ``close()`` begins): :data:`GAVE_UP`."""
 
-    def reduce(self, value: Samples, name: str = "samples") -> SampleState | None:
+    def reduce(self, value: Samples, name: str = "samples") -> SampleState | object | None:
         """The state of ``value``'s rows (logged under ``name``); None (counted ``invalid``,
-        warned) for a value that cannot be reduced at all."""
+        warned) for a value that cannot be reduced at all; :data:`GAVE_UP` past the
+        ``cutoff`` (looked at every :data:`SLICE` rows: the states of slices merge exactly
+        into the whole's)."""
         limits = self._limits(value.k)
         state = None
         if value.refused:
@@ -59,11 +74,14 @@ class SampleReducer:
             why = f"Samples key must be a non-empty string, got {value.key!r}"
         else:
             try:
-                state = reduce_rows(value.rows, value.key, origin=self.origin, limits=limits)
+                state = self._reduce(value.rows, value.key, limits)
+                if state is GAVE_UP:
+                    return GAVE_UP
+                assert isinstance(state, SampleState)
                 why = _no_rows(value.rows, state)
             except Exception as exc:  # a mapping that raises when read: the value is lost
                 why = f"reading its Samples rows failed ({exc!r})"
-        if why or state is None or limits is None:
+        if why or not isinstance(state, SampleState) or limits is None:
             self.counters.invalid += 1
             self.warn_once(f"value:{name}", f"{name}: {why}; that value is dropped")
             return None
@@ -77,6 +95,19 @@ class SampleReducer:
                 f"({self._first_problem(value.rows, value.key, limits)}); counted in "
                 "stats()['samples_dropped']",
             )
+        return state
+
+    def _reduce(
+        self, rows: tuple[object, ...], key: str, limits: SampleLimits
+    ) -> SampleState | object:
+        """``rows`` reduced a :data:`SLICE` at a time, giving up past the ``cutoff``."""
+        state: SampleState | None = None
+        for start in range(0, max(len(rows), 1), SLICE):
+            if self.cutoff < math.inf and time.monotonic() > self.cutoff:
+                return GAVE_UP
+            part = reduce_rows(rows[start : start + SLICE], key, origin=self.origin, limits=limits)
+            state = part if state is None else state.merge(part)
+        assert state is not None
         return state
 
     @staticmethod

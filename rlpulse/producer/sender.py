@@ -19,6 +19,7 @@ are ``rlpulse.producer.handoff``'s.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -26,13 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rlpulse.producer.buffers import Buffers
-from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.config import ProducerConfig, goodbye_share_s
 from rlpulse.producer.copies import reduce_copies
 from rlpulse.producer.encode import INVALID, Encoder
-from rlpulse.producer.gpustate import NvmlSampler
+from rlpulse.producer.gpustate import GpuReadings, NvmlSampler
 from rlpulse.producer.handoff import Call, CallerFirst, Done, Flush, Item, Wake
 from rlpulse.producer.link import Session
 from rlpulse.producer.outbox import Outbox, Registration
+from rlpulse.producer.pending import MAX_INCOMPLETE, IncompleteSteps, RowBytes
 from rlpulse.producer.stats import Counters
 from rlpulse.schemas import protocol
 from rlpulse.wire.transport import Transport
@@ -91,7 +93,7 @@ class Sender(threading.Thread):
         self.counters: Counters = encoder.counters
         self.stats = stats
         self.warn_once = warn_once
-        self.nvml = nvml
+        self.gpus = GpuReadings(nvml, config.gpu_sample_s, self.counters, warn_once)
         self.buffers = buffers
         """Where the host copies' arrays go back once reduced (``log()`` reuses them)."""
         self.caller = caller or CallerFirst()
@@ -99,6 +101,8 @@ class Sender(threading.Thread):
         """Until when this cycle waits for ``log()`` calls (:class:`CallerFirst`)."""
         self._stopping = threading.Event()
         self._close_timeout_s = config.close_timeout_s
+        self._deadline = math.inf
+        """When ``close()`` must be over (``time.monotonic()``), from :meth:`stop`."""
         self.outbox = Outbox(
             max_messages=config.max_unacked,
             max_bytes=config.max_unacked_bytes,
@@ -123,7 +127,13 @@ class Sender(threading.Thread):
         self.released_bytes = 0
         """Host copies ``log()`` made (``Call.copied``) that this thread reduced and let go:
         written here only; the producer compares it with the bytes it copied."""
-        self._next_gpu_sample = 0.0
+        self.released_pending = 0
+        """Bytes of ``Samples`` rows (``Call.pending``) this thread reduced or dropped and let
+        go, as ``released_bytes`` (``rlpulse.producer.pending``)."""
+        self.incomplete = IncompleteSteps()
+        """Steps that lost values here or in ``log()``: told to the collector."""
+        self.row_bytes = RowBytes()
+        """The size of each name's rows, learned here, for ``log()``'s estimates."""
         self._step: tuple[int, float] | None = None
         """The latest step a log() call reached the sender with, and that call's time."""
         self._done_through = -1
@@ -138,9 +148,13 @@ class Sender(threading.Thread):
         return self.link.recorded_run
 
     def stop(self, timeout_s: float) -> None:
-        """Ask the thread to send what is queued, say goodbye and end, taking at most
-        ``timeout_s`` seconds once its current cycle is over; the caller then joins it."""
+        """Ask the thread to send what is queued, say goodbye and end within ``timeout_s``
+        seconds; the caller then joins it. ``Samples`` rows not reduced by the last share of
+        that time (``config.goodbye_share_s``) are dropped, counted, and their
+        steps told to the collector as incomplete."""
         self._close_timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self.encoder.samples.cutoff = self._deadline - goodbye_share_s(timeout_s)
         self._stopping.set()
         self.wake.set()
 
@@ -200,13 +214,15 @@ class Sender(threading.Thread):
             self.registration.reset()  # no data until a hello with it has gone out
             self.link.say_hello()
         pid = self.producer_id
+        # Steps that lost values ride in the next data message (the bye at the latest).
         if entries:
-            batch = list(entries)
+            batch, told = list(entries), self.incomplete.take(MAX_INCOMPLETE)
             self.link.enqueue(
-                lambda seq: protocol.encode_metrics(pid, seq, batch, done), len(batch)
+                lambda seq: protocol.encode_metrics(pid, seq, batch, done, told), len(batch)
             )
         elif done >= 0:
-            self.link.enqueue(lambda seq: protocol.encode_done(pid, seq, done), 0)
+            told = self.incomplete.take(MAX_INCOMPLETE)
+            self.link.enqueue(lambda seq: protocol.encode_done(pid, seq, done, told), 0)
 
     def _launch(self, call: Call) -> Call:
         """Queue the device work of a call; a failure (a CUDA error) loses that call's
@@ -248,12 +264,17 @@ class Sender(threading.Thread):
 
     def _encode(self, call: Call) -> tuple[tuple, int] | None:
         """The wire entry of a call and its size in a message at most; None when nothing is
-        left to send of it (dropped and counted, if it was too large)."""
-        step, t, payload, waits, _, copied = call
+        left to send of it (dropped and counted, if it was too large). A call that lost
+        values before they were sent makes its step incomplete (told to the collector)."""
+        step, t, payload, waits, _, copied, held, incomplete = call
         if self._step is None or step >= self._step[0]:
             self._step = (step, t)
         encoded = None
-        if payload is not None:
+        if payload is None:
+            incomplete = True
+        else:
+            if held:
+                self.row_bytes.learn(payload)
             if copied:
                 self._reduce_copies(payload, copied)
             try:
@@ -262,15 +283,20 @@ class Sender(threading.Thread):
                     encoded = (entry, protocol.packed_bytes(entry))
             except Exception as exc:  # never let one bad value kill the thread
                 self.counters.errors += 1
+                incomplete = True
                 self.warn_once(
                     f"encode:{type(exc).__name__}", f"could not encode a log() call: {exc}"
                 )
+            if self.encoder.gave_up:
+                self.encoder.gave_up, incomplete = False, True
+        self.released_pending += held
         for pending in waits:
             try:
                 pending.release()
             except Exception:  # giving back an event: nothing to lose, but count it
                 self.counters.errors += 1
         if encoded is not None and encoded[1] > protocol.MAX_PAYLOAD_BYTES:
+            self.incomplete.add(step)
             self.counters.dropped_oversized += 1
             self.warn_once(
                 "oversized",
@@ -279,34 +305,23 @@ class Sender(threading.Thread):
                 "as dropped_oversized); log fewer names per call",
             )
             return None
+        if incomplete:
+            self.incomplete.add(step)
         return encoded
 
     # ------------------------------------------------------------------ GPU state
 
     def _sample_gpus(self, step: int, t: float) -> None:
-        """Read the GPUs through NVML and log the readings at ``step`` with time ``t`` (the
-        time of that step's own call, so a reading never moves the step's end)."""
-        nvml = self.nvml
-        if nvml is None or self.config.gpu_sample_s <= 0 or not nvml.start():
-            return
-        try:
-            readings = nvml.sample()
-        except Exception as exc:
-            self.counters.errors += 1
-            self.warn_once("nvml", f"reading the GPUs through NVML failed: {exc!r}")
-            return
-        self._next_gpu_sample = time.monotonic() + self.config.gpu_sample_s
+        """Read the GPUs and log the readings at ``step`` with time ``t`` (the time of that
+        step's own call, so a reading never moves the step's end)."""
+        readings = self.gpus.read()
         if readings:
             self._waiting.append(Call(step, t, readings, (), False))
 
     def _sample_gpus_now(self) -> None:
         """The periodic reading, at the latest step this producer is still in."""
         step = self._step
-        if (
-            step is not None
-            and step[0] > self._done_through
-            and time.monotonic() >= self._next_gpu_sample
-        ):
+        if step is not None and step[0] > self._done_through and self.gpus.due():
             self._sample_gpus(*step)
 
     # ------------------------------------------------------------------ the loop
@@ -353,30 +368,43 @@ class Sender(threading.Thread):
                         self.link.say_hello()
                     self.link.heartbeat()
                     next_beat = time.monotonic() + heartbeat_s
-            deadline = time.monotonic() + self._close_timeout_s
-            # Held back or not, send everything now: the collector parks what it cannot
-            # apply yet, and once the goodbye is among it, applies it all and acknowledges
-            # (``rlpulse.collector.intake.delivery``: a closing producer).
-            self.outbox.go_on(time.monotonic())
-            self._drain()
-            # Keep a share of the time for the goodbye, even if the GPU never catches up.
-            self._wait_for_gpu(deadline - min(0.5, self._close_timeout_s / 4))
-            # Past a full buffer: without the bye the collector would wait for our last step.
-            self.link.enqueue(
-                lambda seq: protocol.encode_bye(self.producer_id, seq, self.stats()), 0, False
-            )
-            self.link.finish(deadline, self._cycle, self._close_timeout_s)
+            self._close()
         except Exception as exc:  # the thread must end cleanly, whatever happened
             self.counters.errors += 1
             log.error("rlpulse sender stopped on an unexpected error: %r", exc)
         finally:
-            if self.nvml is not None:
-                self.nvml.close()
+            self.gpus.close()
             self.transport.close()
             self.outbox.release_waiters()
             for item in self._waiting:
                 if type(item) is Flush:
                     item.acked.set()
+
+    def _close(self) -> None:
+        """Send what is queued, the goodbye, and wait for acknowledgements, until the
+        deadline :meth:`stop` set."""
+        deadline = self._deadline
+        # Held back or not, send everything now: the collector parks what it cannot
+        # apply yet, and once the goodbye is among it, applies it all and acknowledges
+        # (``rlpulse.collector.intake.delivery``: a closing producer).
+        self.outbox.go_on(time.monotonic())
+        self._drain()
+        # Keep a share of the time for the goodbye, even if the GPU never catches up.
+        self._wait_for_gpu(deadline - goodbye_share_s(self._close_timeout_s))
+        # Past a full buffer: without the bye the collector would wait for our last step.
+        told = self.incomplete.take(MAX_INCOMPLETE)
+        pid = self.producer_id
+        self.link.enqueue(lambda seq: protocol.encode_bye(pid, seq, self.stats(), told), 0, False)
+        self.link.pump()  # at once: sent, it tells the collector even if the time is up
+        if self.incomplete.count:
+            ident = self.registration.identity
+            log.warning(
+                "rlpulse producer %s/%s: %s",
+                ident.role,
+                ident.rank,
+                self.incomplete.verdict(self.stats()),
+            )
+        self.link.finish(deadline, self._cycle, self._close_timeout_s)
 
     def _wait_for_gpu(self, deadline: float) -> None:
         """At close: let calls still waiting for their GPU values finish, until the deadline;
@@ -384,7 +412,12 @@ class Sender(threading.Thread):
         while self._waiting and time.monotonic() < deadline:
             time.sleep(GPU_POLL_S)
             self._drain()
-        lost = sum(1 for item in self._waiting if type(item) is Call)
+        lost = 0
+        for item in self._waiting:
+            if type(item) is Call:
+                lost += 1
+                self.incomplete.add(item.step)
+                self.released_pending += item.pending
         if lost:
             self.counters.dropped_send += lost
             log.warning(

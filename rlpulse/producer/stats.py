@@ -40,6 +40,7 @@ class Counters:
     dropped_names: int
     samples_dropped: int
     samples_cut: int
+    dropped_unreduced: int
 
     def __init__(self) -> None:
         for key in _COUNTED:

@@ -22,6 +22,7 @@ from rlpulse.schemas.messages import (
     STAT_KEYS,
     Bye,
     Delta,
+    Done,
     Heartbeat,
     Hello,
     Limits,
@@ -96,7 +97,7 @@ def checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) ->
             raise SchemaError(
                 "bad_envelope", f"a metrics message holds 1..{limits.max_entries} entries"
             )
-        return msg
+        return checked_incomplete(msg, limits)
     if type(msg) is Hello:
         lab = limits.max_label_length
         for what, value, limit in (
@@ -131,11 +132,24 @@ def checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) ->
         for _, span in msg.spans:
             if max(len(span.role), len(span.cluster), len(span.phase), len(span.host)) > 255:
                 raise SchemaError("bad_field", "a span's role, phase or host is too long")
+        return checked_incomplete(msg, limits)
     if type(msg) is Heartbeat:
         stats = checked_stats(msg.stats)
         return Heartbeat(msg.producer, msg.seq, stats, msg.flush)
     if type(msg) is Bye:
-        return Bye(msg.producer, msg.seq, checked_stats(msg.stats))
+        checked_incomplete(msg, limits)
+        return Bye(msg.producer, msg.seq, checked_stats(msg.stats), msg.incomplete)
+    if type(msg) is Done:
+        return checked_incomplete(msg, limits)
+    return msg
+
+
+def checked_incomplete(msg: Metrics | Done | Bye | Delta, limits: Limits) -> Message:
+    """A message's ``incomplete`` steps are at most ``max_entries``: each may open a step."""
+    if len(msg.incomplete) > limits.max_entries:
+        raise SchemaError(
+            "bad_field", f"a message names at most {limits.max_entries} incomplete steps"
+        )
     return msg
 
 

@@ -43,12 +43,17 @@ STAT_KEYS = (
     "dropped_names",
     "samples_dropped",
     "samples_cut",
+    "dropped_unreduced",
 )
 """Producer counters carried by heartbeats and the goodbye (see ``rlpulse.producer.stats()``).
 ``unconfirmed`` (not a drop): calls sent but still unacknowledged when ``close()`` gave up,
 which the collector may have merged; ``dropped_send`` counts only calls that never went out.
 ``samples_dropped`` and ``samples_cut`` (rows, not calls): rows of ``Samples`` values left out
-as bad (``rlpulse.schemas.samples.clean_row``), and text fields cut to the byte limit."""
+as bad (``rlpulse.schemas.samples.clean_row``), and text fields cut to the byte limit.
+``dropped_unreduced`` (values, not calls): values ``log()`` handed to the sender thread that
+were dropped before it reduced them (beyond the producer's ``pending_limit_bytes``, or still
+unreduced when ``close()`` had to end); the rest of their call still went, and their steps
+were told to the collector as incomplete (:attr:`Metrics.incomplete`)."""
 RELAY_STAT_KEYS = ("disk_errors", "state_unwritable")
 """What a relay's heartbeats add to the counters (``rlpulse.collector.tiers.upstream``): failed writes
 under its ``state_dir``, and 1 while it cannot write there (0 otherwise). The collector above
@@ -60,10 +65,12 @@ DROP_KEYS = (
     "dropped_buffer_full",
     "dropped_send",
     "dropped_oversized",
+    "dropped_unreduced",
     *COLLECTOR_DROP_KEYS,
 )
 """The counters of ``log()`` calls a producer dropped: its queue full, its unacknowledged
-buffer full, never sent before it closed, or alone larger than a message may be; or
+buffer full, never sent before it closed, or alone larger than a message may be (and of
+values of calls dropped before the sender reduced them, ``dropped_unreduced``); or
 delivered but not merged by the collector, which says so in its acknowledgements: late (their
 step was already emitted), refused because another process holds the producer's (role, rank)
 slot, in a message the collector rejected as malformed, or values of names the collector
@@ -82,6 +89,11 @@ goodbye), so the last step a producer may log is still finished by its goodbye. 
 refuses a larger step and counts it (``stats()["invalid"]``); the collector rejects one
 (``bad_step``)."""
 Step = Annotated[int, Meta(ge=0, le=MAX_STEP)]
+Incomplete = list[Step]
+"""Steps a producer sent, or could not send, without some of its values (it dropped them
+before reducing them: ``ProducerConfig.pending_limit_bytes``, or ``close()``): the collector
+emits each partial, naming the producer's rank. Optional and last in :class:`Metrics`,
+:class:`Done` and :class:`Bye`, so a collector that predates it ignores it."""
 Size = Annotated[int, Meta(ge=1, le=1 << 24)]
 Rank = Annotated[int, Meta(ge=0, le=1 << 24)]
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
@@ -219,8 +231,11 @@ class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
     collector that predates it reads the message as before (mean, max and min only)."""
     samples: list[SampleRef] = []
     """``(entry, row, state)``: the samples state (``rlpulse.schemas.samples``) of row ``row``
-    of entry ``entry``'s table, whose value counts the rows. Optional and last, as
-    ``sketches``: a collector that predates it reads the row count only."""
+    of entry ``entry``'s table, whose value counts the rows. Optional, as ``sketches``: a
+    collector that predates it reads the row count only."""
+    incomplete: Incomplete = []
+    """Steps this producer sent, or could not send, without some of their values
+    (:data:`Incomplete`); the entries of this message may be for other steps."""
 
 
 class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
@@ -229,6 +244,8 @@ class Done(Struct, array_like=True, frozen=True, gc=False, tag=23):
     producer: U63
     seq: U63
     step: Step
+    incomplete: Incomplete = []
+    """As in :class:`Metrics`."""
 
 
 class Heartbeat(Struct, array_like=True, frozen=True, gc=False, tag=24):
@@ -248,6 +265,9 @@ class Bye(Struct, array_like=True, frozen=True, gc=False, tag=25):
     producer: U63
     seq: U63
     stats: dict[str, U63]
+    incomplete: Incomplete = []
+    """As in :class:`Metrics`: typically the steps whose values ``close()`` could not reduce
+    in time."""
 
 
 class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
@@ -338,6 +358,10 @@ class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):
     """Merged quantile sketches of the entries' distribution metrics, as in :class:`Metrics`."""
     samples: list[SampleRef] = []
     """Merged samples states of the entries' ``Samples`` names, as in :class:`Metrics`."""
+    incomplete: list[tuple[U63, Step]] = []
+    """``(member, step)``: a producer behind the relay said it sent ``step`` without some of
+    its values (:data:`Incomplete`), so the collector above emits that step partial naming
+    the member's rank. Optional and last."""
 
 
 Message = Hello | Metrics | Done | Heartbeat | Bye | Ack | RelayHello | Delta

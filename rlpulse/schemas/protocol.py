@@ -154,8 +154,16 @@ def declared_bytes(names: Sequence[str], kinds: bytes | bytearray) -> int:
     return 24 + len(kinds) + sum(5 + len(name.encode()) for name in names)
 
 
-def encode_metrics(producer: int, seq: int, entries: Sequence[tuple], done: int = -1) -> bytes:
-    if all(len(e) == 5 for e in entries):
+def encode_metrics(
+    producer: int,
+    seq: int,
+    entries: Sequence[tuple],
+    done: int = -1,
+    incomplete: Sequence[int] = (),
+) -> bytes:
+    """``incomplete``: steps sent (or not sent) without some of their values
+    (:attr:`Metrics.incomplete`); their element is written only when there are some."""
+    if not incomplete and all(len(e) == 5 for e in entries):
         return _ENCODER.encode(Metrics(producer, seq, list(entries), done))
     sketches = [
         (i, row, sketch)
@@ -167,11 +175,11 @@ def encode_metrics(producer: int, seq: int, entries: Sequence[tuple], done: int 
         (i, row, state) for i, e in enumerate(entries) if len(e) > 6 for row, state in e[6].items()
     ]
     plain = [e[:5] for e in entries]
-    return _ENCODER.encode(Metrics(producer, seq, plain, done, sketches, samples))
+    return _ENCODER.encode(Metrics(producer, seq, plain, done, sketches, samples, list(incomplete)))
 
 
-def encode_done(producer: int, seq: int, step: int) -> bytes:
-    return _ENCODER.encode(Done(producer, seq, step))
+def encode_done(producer: int, seq: int, step: int, incomplete: Sequence[int] = ()) -> bytes:
+    return _ENCODER.encode(Done(producer, seq, step, list(incomplete)))
 
 
 def encode_heartbeat(
@@ -180,8 +188,10 @@ def encode_heartbeat(
     return _ENCODER.encode(Heartbeat(producer, seq, dict(stats), flush))
 
 
-def encode_bye(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:
-    return _ENCODER.encode(Bye(producer, seq, dict(stats)))
+def encode_bye(
+    producer: int, seq: int, stats: Mapping[str, int], incomplete: Sequence[int] = ()
+) -> bytes:
+    return _ENCODER.encode(Bye(producer, seq, dict(stats), list(incomplete)))
 
 
 def encode(msg: Message) -> bytes:

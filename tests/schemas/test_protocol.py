@@ -252,3 +252,50 @@ def test_an_ack_to_a_relay_carries_its_members_late_counts() -> None:
     bad = V1._pack({"v": 1, "t": "ack", "p": 9, "q": 4, "m": [[1, -2]]})
     with pytest.raises(SchemaError):
         P.decode(bad)
+
+
+def test_incomplete_steps_ride_last_and_an_older_decoder_ignores_them() -> None:
+    """Issue 46, item 1: steps a producer sent without some of their values, told in the
+    optional last element of metrics, done and bye (and a relay's delta). A decoder of an
+    earlier release, whose structs end before it, reads the messages as before; this one reads
+    a message without it as none."""
+    import msgspec
+
+    metrics = P.encode_metrics(5, 1, [P.pack_entry(3, 1.5, 0, VALUES)], -1, [1, 2])
+    assert P.decode(metrics).incomplete == [1, 2]  # type: ignore[union-attr]
+    assert P.decode(P.encode_done(5, 2, 7, [7])) == P.Done(5, 2, 7, [7])
+    assert P.decode(P.encode_bye(5, 3, {}, [9])).incomplete == [9]  # type: ignore[union-attr]
+    assert P.decode(P.encode_metrics(5, 1, [P.pack_entry(3, 1.5, 0, VALUES)])).incomplete == []  # type: ignore[union-attr]
+    delta = P.Delta(1, 1, "r", [], [], incomplete=[(7, 3)])
+    assert P.decode(P.encode(delta)).incomplete == [(7, 3)]  # type: ignore[union-attr]
+
+    class OldMetrics(msgspec.Struct, array_like=True, tag=22):
+        producer: int
+        seq: int
+        entries: list[tuple[int, float, int, bytes, dict[str, int]]]
+        done: int = -1
+        sketches: list = []
+        samples: list = []
+
+    class OldDone(msgspec.Struct, array_like=True, tag=23):
+        producer: int
+        seq: int
+        step: int
+
+    class OldBye(msgspec.Struct, array_like=True, tag=25):
+        producer: int
+        seq: int
+        stats: dict[str, int]
+
+    old = msgspec.msgpack.Decoder(OldMetrics | OldDone | OldBye)
+    assert old.decode(metrics).entries == [(3, 1.5, 0, VALUES, {})]  # type: ignore[union-attr]
+    assert old.decode(P.encode_done(5, 2, 7, [7])) == OldDone(5, 2, 7)
+    assert old.decode(P.encode_bye(5, 3, {"logged": 1}, [9])) == OldBye(5, 3, {"logged": 1})
+
+
+def test_more_incomplete_steps_than_entries_a_message_may_hold_is_a_bad_field() -> None:
+    too_many = list(range(P.DEFAULT_LIMITS.max_entries + 1))
+    for buf in (P.encode_done(5, 2, 7, too_many), P.encode_bye(5, 3, {}, too_many)):
+        with pytest.raises(SchemaError) as err:
+            P.decode(buf)
+        assert err.value.reason == "bad_field"

@@ -167,14 +167,20 @@ class Aggregator:
                 sealing,
                 data.samples,
             )
+            if data.incomplete:
+                run.incomplete(prod, data.incomplete, now, position, replay)
         elif kind is protocol.Delta:
             apply_delta(self, prod, msg, now, position, replay)  # type: ignore[arg-type]
         elif isinstance(msg, protocol.Done):
             self.run(prod.run).done(prod, msg.step, now)
+            if msg.incomplete:
+                self.run(prod.run).incomplete(prod, msg.incomplete, now, position, replay)
         elif isinstance(msg, protocol.Heartbeat):
             self.membership.note_stats(prod, msg.stats)
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
+            if msg.incomplete:
+                self.run(prod.run).incomplete(prod, msg.incomplete, now, position, replay)
             self.run(prod.run).done(prod, FINISHED, now)
 
     def _ghost(self, prod: ProducerInfo, msg: protocol.Message, replay: bool) -> None:
@@ -325,7 +331,7 @@ class Aggregator:
             expected = run.members.expected()
             for step in sorted(run.steps):
                 state = run.steps[step]
-                self._emit(run, state, expected - state.done)
+                self._emit(run, state, expected - state.done | state.incomplete)
         self.output.after(self, None)
 
     def _emit(self, run: Run, state: StepState, missing: set) -> None:

@@ -7,7 +7,8 @@ every missing slot is gone (``Membership.gone``), or, as a last resort, when mor
 Below that, ``max_open_steps`` is kept by holding back producers that run ahead
 (:func:`admits`, :func:`has_room`), not by emitting steps early. A new run's steps wait ``settle_s`` for roles
 still registering, unless a producer declared the topology. A step whose slot lost its data
-at a takeover (``StepState.withdrawn``, ``tainted``) names that slot missing.
+at a takeover (``StepState.withdrawn``, ``tainted``), or whose producer said it dropped some
+of its values (``StepState.incomplete``), names that slot missing.
 
 >>> list(due({}, Members(0.0), 0.0, grace_s=30, settle_s=0, max_open_steps=8,
 ...          gone=lambda slot: False))
@@ -43,7 +44,7 @@ def due(
         state = steps[step]
         if (
             len(state.done) < len(expected)
-            and not (state.withdrawn or state.tainted)
+            and not (state.withdrawn or state.tainted or state.incomplete)
             and len(steps) <= max_open_steps
             and (state.first_done_at is None or now - state.first_done_at < grace_s)
             and waits_on(state, expected, gone)
@@ -51,7 +52,7 @@ def due(
             return  # the common case, decided without listing every missing slot
         # done only ever holds expected slots, so counting them says "complete"
         missing = expected - state.done if len(state.done) < len(expected) else set()
-        gave_none = lost(state, members) if state.withdrawn else set()
+        gave_none = lost(state, members) if state.withdrawn or state.incomplete else set()
         missing |= gave_none
         if not missing and members.settling(now, settle_s):
             return  # other roles of a new run may still be starting up
@@ -79,12 +80,17 @@ def waits_on(state: StepState, expected: set[Slot], gone: Callable[[Slot], bool]
 def lost(state: StepState, members: Members) -> set[Slot]:
     """Slots that finished ``state`` without their data in it: withdrawn (a replaced
     process's) and not given again by the new holder, or given only through a relay
-    together with the replaced process's."""
-    return state.tainted | {
-        slot
-        for slot in state.withdrawn
-        if slot in state.done and members.slots.get(slot) not in state.contributors
-    }
+    together with the replaced process's; or without all of it, by their producer's word
+    (``incomplete``)."""
+    return (
+        state.tainted
+        | (state.incomplete & state.done)
+        | {
+            slot
+            for slot in state.withdrawn
+            if slot in state.done and members.slots.get(slot) not in state.contributors
+        }
+    )
 
 
 def admits(

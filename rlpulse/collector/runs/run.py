@@ -226,6 +226,44 @@ class Run:
             return None
         return self.open(step, now, position)
 
+    def incomplete(
+        self, prod: ProducerInfo, steps: Sequence[int], now: float, position: object, replay: bool
+    ) -> None:
+        """``prod`` says it sent ``steps`` without some of their values (it dropped them before
+        reducing them): each goes out partial, naming its slot, opened if need be (a step
+        whose values it lost whole). One already emitted is opened again if the output says
+        so (a relay: its root must hear of it); otherwise it had gone out without them:
+        counted and logged. A replaced process's word counts for the steps it had finished
+        (recovery: ``sealing``)."""
+        sealing = self.sealing(prod, replay)
+        if sealing is None:
+            return
+        slot = prod.slot
+        for step in steps:
+            if sealing and step > prod.watermark:
+                continue  # a replaced process's step that its successor answers for
+            state = self.steps.get(step)
+            if state is not None and state.position is None:
+                state.position = position  # a step opened from the checkpoint
+            if state is None and step <= self.last_emitted:
+                finished = self.output.reopen(self, prod, step)
+                if finished is None:
+                    if not replay:
+                        self.health.incomplete_steps += 1
+                        self._ratelog.warn(
+                            f"incomplete:{self.name}",
+                            f"run {self.name!r}: {prod.role}/{prod.rank} says step {step} "
+                            f"lost some of its values, after the step was emitted",
+                        )
+                    continue
+                state = self.open(step, now, position, finished)
+            elif state is None:
+                state = self.open(step, now, position)
+            if slot not in state.incomplete:
+                state.incomplete.add(slot)
+                if not replay:
+                    self.health.incomplete_steps += 1
+
     def refuse(self, prod: ProducerInfo, entries: int, replay: bool) -> None:
         """Entries of a producer that no longer holds its slot (a newer process took it, or
         its rank is outside the role's world size): refused, counted, told back."""
@@ -296,6 +334,8 @@ class Run:
         changed = 0
         self.merger.merge_pending()
         for state in self.steps.values():
+            if state.step > finished:
+                state.incomplete.discard(slot)  # the old process's word: the new one answers
             if pid not in state.contributors:
                 continue
             if state.step <= finished:

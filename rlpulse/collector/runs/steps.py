@@ -108,6 +108,10 @@ class StepState:
     tainted: set[Slot] = field(default_factory=set)
     """Slots with data of a replaced process that could not be withdrawn (merged by a relay
     with other ranks'): the step is emitted partial, naming them."""
+    incomplete: set[Slot] = field(default_factory=set)
+    """Slots whose producer said it sent the step without some of its values (dropped before
+    it could reduce them: ``Metrics.incomplete``): once finished, the step is emitted
+    partial, naming them."""
     sketches: dict[int, np.ndarray] = field(default_factory=dict)
     """Per row of a distribution metric, its merged quantile sketch (``collector.sketches``)."""
     samples: dict[int, SampleState] = field(default_factory=dict)

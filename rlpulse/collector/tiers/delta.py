@@ -148,6 +148,10 @@ def apply_delta(
         state = run.steps.get(step)  # opened by the step's entries, unless they came late
         if state is not None:
             state.spans.append(span)
+    for pid, step in msg.incomplete:  # a member said it dropped values of the step
+        member = membership.producers.get(pid)
+        if member is not None and member.via == relay.pid:
+            agg.run(member.run).incomplete(member, (step,), now, position, replay)
     for pid, watermark in msg.watermarks:
         member = membership.producers.get(pid)
         if member is not None and member.via == relay.pid:

@@ -229,7 +229,8 @@ class Relay:
             self._send(emit, RelayRecord("announce", tables=tuple(self._dirty)))
             self._dirty = []
         spans = [(state.step, span) for span in state.spans]
-        self._forward(emit, run.name, state.step, entries, marks, spans, sketches, samples)
+        told = [(members.slots[s], state.step) for s in state.incomplete if s in members.slots]
+        self._forward(emit, run.name, state.step, entries, marks, spans, sketches, samples, told)
         return bool(missing)
 
     def _forward(
@@ -242,10 +243,19 @@ class Relay:
         spans: list | None = None,
         sketches: list | None = None,
         samples: list | None = None,
+        incomplete: list | None = None,
     ) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         delta = protocol.Delta(
-            self.relay_id, seq, run, entries, marks, spans or [], sketches or [], samples or []
+            self.relay_id,
+            seq,
+            run,
+            entries,
+            marks,
+            spans or [],
+            sketches or [],
+            samples or [],
+            incomplete or [],
         )
         message = protocol.encode(delta)
         record = RelayRecord("delta", seq=seq, run=run, step=step, message=message)
