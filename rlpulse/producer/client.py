@@ -38,6 +38,7 @@ from rlpulse.producer.memory import MemoryProbe
 from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.runconfig import prepare
 from rlpulse.producer.samples import SampleReducer
 from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names
@@ -326,6 +327,26 @@ class Producer:
             return
         self._queue.append(Done(step))
         self._wake.set()
+
+    def run_config(self, config: Mapping[str, Any]) -> bool:
+        """Send the run's configuration (its hyper-parameters) to the collector, which keeps it
+        with the run and has its sinks record it (TensorBoard's hparams, W&B's and SwanLab's run
+        config, a ``config`` in the run's jsonl). Call it once, from one producer of the run
+        (the driver); a later call replaces it. It rides in this producer's hello, so a
+        collector that restarts without its state learns it again. Never raises: what is no
+        plain data is left out, and a config too large for a hello is not sent, each counted
+        (``stats()["invalid"]``) and named in a warning (``rlpulse.producer.runconfig``).
+        Returns whether it will be sent."""
+        try:
+            data = prepare(config, self._counters, self._warn_once)
+        except Exception as exc:  # a mapping that raises when read: never into the caller
+            self._note_error("run_config()", exc)
+            return False
+        if data is None or self._closed or not self.logs:
+            return False
+        self._sender.registration.config = data  # the sender's next hello carries it
+        self._wake.set()
+        return True
 
     # ------------------------------------------------------------------ lifecycle
 

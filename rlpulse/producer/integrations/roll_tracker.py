@@ -15,8 +15,9 @@ step, in the driver process. :class:`RlpulseTracker` (registered as ``rlpulse`` 
 * resumes the run on the collector when ROLL resumes from a checkpoint: ROLL then re-logs the
   whole history (``BasePipeline.__init__``); the collector keeps each step once (those it had
   are left out and told back, ``stats()["dropped_late"]``; those it had not are recorded);
-* saves the resolved config as ``runs/<run>/config.yaml`` (beside the run's jsonl, where
-  ``rlpulse compare --key`` reads it);
+* sends the resolved config to the collector (``Producer.run_config``), whose sinks record it
+  as ROLL's own TensorBoard and W&B trackers do (hyper-parameters, the run's config), and saves
+  it as ``runs/<run>/config.yaml`` on the driver's host;
 * flushes and closes at the process's exit (ROLL never calls ``finish()``), the workers'
   producers first.
 
@@ -103,6 +104,7 @@ class RlpulseTracker:
             resume=resumes(config),
             config=settings.producer,
         )
+        self.producer.run_config(config)  # the collector's sinks record it as the run's
         worker_side = settings.worker_side
         self.exact = settings.exact and self.workers.hooked()
         if self.exact:  # the hooked workers log these exactly (roll_worker)
