@@ -39,7 +39,7 @@ from rlpulse.schemas import protocol
 from rlpulse.schemas.catalog import Catalog
 from rlpulse.schemas.messages import DEFAULT_LIMITS, Limits, TableDecl
 from rlpulse.schemas.reductions import Reduction
-from rlpulse.schemas.samples import SampleLimits, encode as encode_samples
+from rlpulse.schemas.samples import SampleLimits, SampleState, encode as encode_samples
 from rlpulse.schemas.sketch import counts_of, encode as encode_sketch
 from rlpulse.schemas.values import Summary
 
@@ -51,9 +51,10 @@ _LAST = int(Reduction.LAST)
 _DIST = int(Reduction.DIST)
 _MEAN = int(Reduction.MEAN)
 _SUM = int(Reduction.SUM)
-PASSED = frozenset((float, int, Samples))
+PASSED = frozenset((float, int, Samples, SampleState))
 """Value types ``log()`` leaves as they are: the sender reads them (numbers, and ``Samples``,
-whose rows it reduces here)."""
+whose rows it reduces here, or a ``SampleState`` reduced already:
+``rlpulse.producer.samples.reduce_then_fill``)."""
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
 
@@ -120,7 +121,7 @@ class Encoder:
             if v is INVALID:
                 continue
             sample = None
-            if type(v) is Samples:
+            if type(v) is Samples or type(v) is SampleState:
                 reduced = self.samples.reduce(v)
                 if reduced is None:
                     continue
