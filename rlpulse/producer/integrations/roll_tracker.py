@@ -18,6 +18,8 @@ step, in the driver process. :class:`RlpulseTracker` (registered as ``rlpulse`` 
 * sends the resolved config to the collector (``Producer.run_config``), whose sinks record it
   as ROLL's own TensorBoard and W&B trackers do (hyper-parameters, the run's config), and saves
   it as ``runs/<run>/config.yaml`` on the driver's host;
+* logs each step's trained generations as ``rollout/samples`` and each validation's as
+  ``val/samples`` (``samples``; ``roll_samples``);
 * flushes and closes at the process's exit (ROLL never calls ``finish()``), the workers'
   producers first.
 
@@ -38,6 +40,7 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.env import expected_roles_from_env
 from rlpulse.producer.integrations import roll_states
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
+from rlpulse.producer.integrations.roll_samples import RollSamples
 from rlpulse.producer.integrations.roll_settings import SECTION, RollSettings, resumes
 
 log = logging.getLogger("rlpulse.integrations.roll")
@@ -110,6 +113,9 @@ class RlpulseTracker:
         if self.exact:  # the hooked workers log these exactly (roll_worker)
             worker_side += roll_states.worker_side(config)
         self.stream = DriverStream(self.producer, worker_side=worker_side)
+        self.samples = RollSamples(self.producer) if settings.samples else None
+        """Logs ROLL's trained and validation batches (``roll_samples``, hooked by
+        ``roll.register``)."""
         self._lock = threading.Lock()
         self._last: int | None = None
         self._finished = False
@@ -169,5 +175,6 @@ class RlpulseTracker:
             log.warning("rlpulse: %d messages of run %r not acknowledged", lost, self.settings.run)
 
     def stats(self) -> dict[str, int]:
-        """The tracker's, the driver stream's and the producer's counts."""
-        return {**self._counts, **self.stream.stats(), **self.producer.stats()}
+        """The tracker's, the driver stream's, the samples' and the producer's counts."""
+        samples = self.samples.stats() if self.samples is not None else {}
+        return {**self._counts, **self.stream.stats(), **samples, **self.producer.stats()}
