@@ -329,14 +329,12 @@ class Producer:
         self._wake.set()
 
     def run_config(self, config: Mapping[str, Any]) -> bool:
-        """Send the run's configuration (its hyper-parameters) to the collector, which keeps it
-        with the run and has its sinks record it (TensorBoard's hparams, W&B's and SwanLab's run
-        config, a ``config`` in the run's jsonl). Call it once, from one producer of the run
-        (the driver); a later call replaces it. It rides in this producer's hello, so a
-        collector that restarts without its state learns it again. Never raises: what is no
-        plain data is left out, and a config too large for a hello is not sent, each counted
-        (``stats()["invalid"]``) and named in a warning (``rlpulse.producer.runconfig``).
-        Returns whether it will be sent."""
+        """Send the run's configuration (its hyper-parameters) once, from the driver: the
+        collector keeps it with the run and its sinks record it (TensorBoard's hparams, the W&B
+        and SwanLab run's config, ``config`` in the jsonl). It rides in every hello; a later
+        call replaces it. Never raises: what is no plain data is left out and a config too large
+        for a hello is not sent, each counted (``stats()["invalid"]``) and named in a warning
+        (``rlpulse.producer.runconfig``). Returns whether it will be sent."""
         try:
             data = prepare(config, self._counters, self._warn_once)
         except Exception as exc:  # a mapping that raises when read: never into the caller

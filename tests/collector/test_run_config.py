@@ -90,3 +90,16 @@ def test_the_config_is_forgotten_with_the_run() -> None:
     h.send(hello(2, resume=True, config=runconfig.encode(CONFIG)), metrics(2, 1, {LOSS: 1.0}))
     h.send(P.Bye(2, 9, {}))
     assert configs(h.records) == [(0, CONFIG), (1, CONFIG)]
+
+
+def test_a_relays_announcement_keeps_the_config_in_its_outbox() -> None:
+    """What a relay keeps in its ``state_dir`` to announce after a restart holds the config."""
+    from rlpulse.collector.durability.statefiles import decode_record
+    from rlpulse.collector.tiers.relay import RelayRecord
+
+    t = Tiers()
+    t.send("A", hello(1, run="r", role="driver", config=runconfig.encode(CONFIG)))
+    (announce,) = [r for r in t.relays["A"].sent if r.kind == "announce"]
+    _, _, back = decode_record(announce.encode(seq=1, emitted_at=0.0))
+    assert isinstance(back, RelayRecord)
+    assert runconfig.decode(back.members[0].config) == CONFIG
