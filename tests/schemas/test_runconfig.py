@@ -107,3 +107,32 @@ def test_flat_keys_for_tensorboards_hparams() -> None:
 def test_largest_parts_are_named() -> None:
     values = {"small": 1, "big": "x" * 1000, "mid": "y" * 100}
     assert [k for k, _ in runconfig.largest(values, 2)] == ["big", "mid"]
+
+
+def test_a_hello_with_a_config_reads_in_a_decoder_that_predates_it_and_back() -> None:
+    """``Hello.config`` is an optional last field (PROTOCOL.md, Versioning): a collector that
+    predates it reads the hello as before; a hello that predates it reads as one without."""
+    from rlpulse.schemas import protocol
+
+    class OldHello(msgspec.Struct, array_like=True, frozen=True, tag=21):
+        producer: int
+        seq: int
+        run: str
+        role: str
+        rank: int
+        world_size: int
+        host: str
+        pid: int
+        expected: dict = {}
+        tables: list = []
+        metrics_url: str = ""
+        logs: bool = True
+        resume: bool = False
+
+    config = runconfig.encode({"lr": 1e-6})
+    new = protocol.encode_hello(7, 1, run="r", role="driver", rank=0, world_size=1, config=config)
+    old = msgspec.msgpack.decode(new, type=OldHello)
+    assert (old.run, old.role, old.resume) == ("r", "driver", False)
+    back = protocol.decode(msgspec.msgpack.encode(old))
+    assert isinstance(back, protocol.Hello) and back.config == b""
+    assert protocol.decode(new).config == config  # type: ignore[union-attr]
