@@ -21,8 +21,11 @@ if [[ ! -x $venv/bin/python ]]; then
   "$venv/bin/pip" install -q "ray==2.48.0" "TransferQueue==0.1.6" tensordict codetiming omegaconf \
     more_itertools pybase64 psutil peft opentelemetry-api opentelemetry-sdk \
     opentelemetry-exporter-otlp opentelemetry-proto imageio requests filelock huggingface_hub \
-    accelerate transformers pyzmq msgpack msgspec pyyaml pytest numpy
+    accelerate transformers pyzmq msgpack msgspec pyyaml pytest "numpy<2" "datasets==3.1.0" \
+    "pyarrow<19" "pandas<2.3" httpx pillow
 fi
+# ROLL's logger writes ./output/logs under the working directory unless told otherwise.
+export ROLL_LOG_DIR="${ROLL_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/roll-logs.XXXXXX")}"
 export PYTHONPATH="$PWD:$ROLL_SRC" ROLL_SRC RAY_USAGE_STATS_ENABLED=0 PATH="$venv/bin:$PATH"
 cmd=("$venv/bin/python" -m pytest tests/frameworks/test_roll_real.py -p no:cacheprovider "$@")
 if [[ $(id -u) -eq 0 ]] && unshare -n -- true 2>/dev/null; then

@@ -39,6 +39,7 @@ from rlpulse.producer.outbox import Identity, Registration
 from rlpulse.producer.pending import over_bound
 from rlpulse.producer.phase import Phase, PhaseHooks, PhaseNames
 from rlpulse.producer.reduce import InvalidValue
+from rlpulse.producer.runconfig import prepare
 from rlpulse.producer.samples import SampleReducer
 from rlpulse.producer.sender import Sender
 from rlpulse.producer.sketch import dist_names
@@ -366,6 +367,24 @@ class Producer:
             return
         self._queue.append(Done(at))
         self._wake.set()
+
+    def run_config(self, config: Mapping[str, Any]) -> bool:
+        """Send the run's configuration (its hyper-parameters) once, from the driver: the
+        collector keeps it with the run and its sinks record it (TensorBoard's hparams, the W&B
+        and SwanLab run's config, ``config`` in the jsonl). It rides in every hello; a later
+        call replaces it. Never raises: what is no plain data is left out and a config too large
+        for a hello is not sent, each counted (``stats()["invalid"]``) and named in a warning
+        (``rlpulse.producer.runconfig``). Returns whether it will be sent."""
+        try:
+            data = prepare(config, self._counters, self._warn_once)
+        except Exception as exc:  # a mapping that raises when read: never into the caller
+            self._note_error("run_config()", exc)
+            return False
+        if data is None or self._closed or not self.logs:
+            return False
+        self._sender.registration.config = data  # the sender's next hello carries it
+        self._wake.set()
+        return True
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -53,9 +53,10 @@ _MEAN = int(Reduction.MEAN)
 _SUM = int(Reduction.SUM)
 NUMBERS = frozenset((float, int))
 """Value types ``log()`` passes on as they are: the sender reads them."""
-PASSED = frozenset((*NUMBERS, Samples))
+PASSED = frozenset((*NUMBERS, Samples, SampleState))
 """Value types ``log()`` leaves as they are: the sender reads them (numbers, and ``Samples``,
-whose rows it reduces here)."""
+whose rows it reduces here, or a ``SampleState`` reduced already:
+``rlpulse.producer.samples.reduce_then_fill``)."""
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
 
@@ -125,7 +126,7 @@ class Encoder:
             if v is INVALID:
                 continue
             sample = None
-            if type(v) is Samples:
+            if type(v) is Samples or type(v) is SampleState:
                 reduced = self.samples.reduce(v, name)
                 if reduced is None:
                     continue

@@ -260,6 +260,11 @@ class Registration:
         self.sent_at: float | None = None
         """When the hello last went out on this connection (None: not yet)."""
         self.answered = False
+        self.config = b""
+        """The run's configuration (``rlpulse.schemas.runconfig``, encoded), every hello's: set
+        by ``Producer.run_config`` on the caller's thread (one reference, replaced whole)."""
+        self._config_said = b""
+        """The configuration the last hello carried (the sender's thread only)."""
 
     def reset(self) -> None:
         """A new (or lost) connection: say hello again."""
@@ -267,7 +272,10 @@ class Registration:
         self.answered = False
 
     def due(self, now: float) -> bool:
-        """Send the hello now: not yet on this connection, or unanswered for a while."""
+        """Send the hello now: not yet on this connection, unanswered for a while, or with a
+        configuration the last one did not carry."""
+        if self.config is not self._config_said:
+            return True
         if self.answered:
             return False
         return self.sent_at is None or now - self.sent_at >= HELLO_RETRY_S
@@ -276,6 +284,7 @@ class Registration:
         """The registration message; ``base`` is the outbox's oldest unacknowledged number,
         ``tables`` every name table the producer's entries refer to."""
         ident = self.identity
+        config = self._config_said = self.config
         return protocol.encode_hello(
             self.producer_id,
             base,
@@ -288,6 +297,7 @@ class Registration:
             metrics_url=ident.metrics_url,
             logs=ident.logs,
             resume=ident.resume,
+            config=config,
         )
 
     @property

@@ -11,6 +11,11 @@ dropped rows). Nothing here raises. When ``close()`` is ending, a value not redu
 sender's ``cutoff`` is given up (:data:`GAVE_UP`), counted by the encoder
 (``dropped_unreduced``).
 
+A process that holds a whole batch whose rows are costly to make in full (texts decoded from
+token ids) reduces it itself with :func:`reduce_then_fill`, which makes the costly fields of
+the rows it keeps only, and logs the ``SampleState``: it is taken as it is (its rows given
+this rank's origin, its drops and cuts counted).
+
 >>> from rlpulse.producer.stats import Counters
 >>> reducer = SampleReducer(("actor", 0), SampleLimits(k=2), Counters())
 >>> state = reducer.reduce(Samples([{"r": 1.0}, {"r": "x"}], key="r"))
@@ -22,18 +27,30 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from rlpulse.producer.stats import Counters
 from rlpulse.producer.values import Samples
-from rlpulse.schemas.samples import SampleLimits, SampleState, reduce_rows, row_problem
+from rlpulse.schemas.samples import (
+    KEYS,
+    SampleLimits,
+    SampleRow,
+    SampleState,
+    clean_row,
+    reduce_rows,
+    row_problem,
+)
 
 SLICE = 1024
 """Rows reduced between two looks at the ``cutoff`` (about 10 ms of rows of long texts)."""
 GAVE_UP = object()
 """What :meth:`SampleReducer.reduce` returns for a value it stopped reducing at its
 ``cutoff`` (``close()`` is ending): the value is lost, the caller counts it."""
+ROW = "\x00row"
+"""The field :func:`reduce_then_fill` numbers the rows by while it reduces them (no user field
+can be named so; it is gone from the rows it returns)."""
 
 
 class SampleReducer:
@@ -59,11 +76,18 @@ class SampleReducer:
         """``time.monotonic()`` past which values are no longer reduced (set by the sender
         when ``close()`` begins): :data:`GAVE_UP`."""
 
-    def reduce(self, value: Samples, name: str = "samples") -> SampleState | object | None:
-        """The state of ``value``'s rows (logged under ``name``); None (counted ``invalid``,
-        warned) for a value that cannot be reduced at all; :data:`GAVE_UP` past the
-        ``cutoff`` (looked at every :data:`SLICE` rows: the states of slices merge exactly
-        into the whole's)."""
+    def reduce(
+        self, value: Samples | SampleState, name: str = "samples"
+    ) -> SampleState | object | None:
+        """The state of ``value``'s rows, logged under ``name`` (a state reduced already is
+        taken as it is, from this rank); None (counted ``invalid``, warned) for a value that
+        cannot be reduced at all; :data:`GAVE_UP` past the ``cutoff`` (looked at every
+        :data:`SLICE` rows: the states of slices merge exactly into the whole's)."""
+        if isinstance(value, SampleState):
+            taken = _from(value, self.origin)
+            self.counters.samples_dropped += taken.dropped
+            self.counters.samples_cut += taken.cut
+            return taken
         limits = self._limits(value.k)
         state = None
         if value.refused:
@@ -145,3 +169,70 @@ def _no_rows(rows: tuple[object, ...], state: SampleState) -> str:
 
 def _silent(key: str, message: str) -> None:
     """No warnings (a reducer made without the producer's ``warn_once``: tests, tools)."""
+
+
+def _from(state: SampleState, origin: tuple[str, int]) -> SampleState:
+    """``state`` with every row's origin ``origin``."""
+    role, rank = origin
+
+    def own(rows: tuple[SampleRow, ...]) -> tuple[SampleRow, ...]:
+        return tuple(r._replace(role=role, rank=rank) for r in rows)
+
+    return replace(state, top=own(state.top), bottom=own(state.bottom), random=own(state.random))
+
+
+def reduce_then_fill(
+    rows: Sequence[Mapping[str, Any]],
+    key: str,
+    fill: Callable[[list[int]], Sequence[Mapping[str, Any]]],
+    *,
+    origin: tuple[str, int],
+    limits: SampleLimits,
+    keys: Callable[[], int] = KEYS,
+) -> SampleState:
+    """The state of ``rows`` completed by ``fill``, which makes the costly fields of the rows
+    kept only: ``fill(indices)`` returns, for those indices into ``rows``, the fields to add
+    to each, in that order. The state is the one the completed rows would reduce to (which
+    rows are kept depends on their ``key`` and random keys only), at the cost of completing at
+    most ``3 k`` of them. Texts ``fill`` gives are cut to the limits and counted as cut; a row
+    and what ``fill`` adds to it count one field more against ``limits.row_fields``;
+    ``ValueError`` if ``fill`` gives a value no row may hold. ``keys``: the random keys'
+    source (``rlpulse.schemas.samples.KEYS``).
+
+    >>> texts = []
+    >>> state = reduce_then_fill(
+    ...     [{"score": float(i)} for i in range(100)], "score",
+    ...     lambda idx: [texts.append(i) or {"text": f"row {i}"} for i in idx],
+    ...     origin=("driver", 0), limits=SampleLimits(k=1))
+    >>> state.rows, [r.fields for r in state.top], len(texts) <= 3
+    (100, [{'score': 99.0, 'text': 'row 99'}], True)
+    """
+    numbered = ({**row, ROW: i} for i, row in enumerate(rows))
+    state = reduce_rows(numbered, key, origin=origin, limits=limits, keys=keys)
+    kept: dict[int, SampleRow] = {r.rkey: r for r in (*state.top, *state.bottom, *state.random)}
+    order = list(kept)
+    indices = [int(kept[rkey].fields[ROW]) for rkey in order]  # type: ignore[arg-type]
+    added = fill(indices) if indices else []
+    if len(added) != len(indices):
+        raise ValueError(f"fill gave {len(added)} rows for {len(indices)} indices")
+    done: dict[int, SampleRow] = {}
+    cut = 0
+    for rkey, extra in zip(order, added, strict=True):
+        row = kept[rkey]
+        fields = {n: v for n, v in row.fields.items() if n != ROW}
+        checked = clean_row({**fields, **extra}, key, limits)
+        if checked is None:
+            raise ValueError(f"fill gave a value no row may hold: {dict(extra)!r:.200}")
+        cut += checked[2]
+        done[rkey] = row._replace(fields=checked[0])
+
+    def filled(part: tuple[SampleRow, ...]) -> tuple[SampleRow, ...]:
+        return tuple(done[r.rkey] for r in part)
+
+    return replace(
+        state,
+        top=filled(state.top),
+        bottom=filled(state.bottom),
+        random=filled(state.random),
+        cut=state.cut + cut,
+    )

@@ -14,7 +14,8 @@
 throughput under the names the runs logged them (:mod:`rlpulse.runtools.compare`); a
 ``--score`` or ``--kl`` no run logged is an error naming the nearest names they did log. ``--config`` gives each file's
 run configuration (YAML, e.g. the trainer's ``--config`` file), once per file and in the same
-order; without it, a ``config.yaml`` next to a jsonl file is used when there is one. ``--key``
+order; without it, the configuration the collector recorded with each run (``config`` in its
+jsonl, from ``Producer.run_config``), else a ``config.yaml`` next to the jsonl file. ``--key``
 names a value in those configs by its dotted path (``ppo.actor_lr``); it becomes a column, and
 a key that no run's configuration has is warned about on stderr (the table is still printed).
 ``compare --samples STEP`` shows the runs' samples at that step instead of the table, and
@@ -139,7 +140,8 @@ def _compare(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             _warn_repeats(run, "compare", stderr)
             runs.append(run)
             labels.append(run.name)
-            configs.append(config)
+            recorded = dict(run.config) if run.config is not None and not args.config else None
+            configs.append(recorded if recorded is not None else config)
     names = [run.name for run in runs]
     for i, run in enumerate(runs):
         if names.count(run.name) > 1:  # the same run name in two files: say which file

@@ -115,7 +115,8 @@ def missing_key_warnings(
     if all(c is None for c in configs):
         return [
             f"--key {', '.join(keys)}: no run has a configuration (give --config per jsonl file, "
-            f"or put {RUN_CONFIG} beside it, as the trainer does)"
+            f"put {RUN_CONFIG} beside it, as the trainer does, or send it with "
+            "Producer.run_config, which the collector records in the jsonl)"
         ]
     known = sorted({k for c in configs for k in config_keys(c)})
     warnings = []

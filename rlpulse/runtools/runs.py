@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlpulse.schemas.record import StepRecord
 
@@ -54,6 +55,9 @@ class Run:
     repeated: int = 0
     """Steps the file holds more than once (two jobs under one run name appended to one
     file, or a run replayed into it): the last of each is used, and the tools warn."""
+    config: Mapping[str, Any] | None = None
+    """The run's configuration as the collector recorded it (``config`` on the step after it
+    arrived: ``Producer.run_config``), the latest one; None when the file holds none."""
 
     def repeat_warning(self) -> str | None:
         """What to tell the user when the file held some of this run's steps twice."""
@@ -137,6 +141,7 @@ def _run(name: str, by_step: Mapping[int, StepRecord], source: str, repeated: in
     for step in steps:
         for metric, value in by_step[step].metrics.items():
             series.setdefault(metric, []).append((step, float(value)))
+    configs = [by_step[step].config for step in steps if by_step[step].config]
     return Run(
         name=name,
         steps=steps,
@@ -144,4 +149,5 @@ def _run(name: str, by_step: Mapping[int, StepRecord], source: str, repeated: in
         partial=sum(1 for r in by_step.values() if r.partial),
         source=source,
         repeated=repeated,
+        config=dict(configs[-1]) if configs else None,
     )

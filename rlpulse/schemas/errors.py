@@ -19,6 +19,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "bad_table",  # an entry refers to a name table its producer's hello did not declare
     "bad_sketch",  # a distribution's quantile sketch that is not one (rlpulse.schemas.sketch)
     "bad_samples",  # a samples state that is not one (rlpulse.schemas.samples.decode)
+    "bad_config",  # a hello's run config that is not one (rlpulse.schemas.runconfig.decode)
     "bad_frames",  # a ZeroMQ message of more than one frame (the collector's receiver)
     "relay_of_relay",  # a relay's hello sent to a relay: one tier of relays, then the root
 )

@@ -215,6 +215,10 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     """The producer continues a run that may already have ended on this collector (a job
     restarted from a checkpoint): the collector then continues that run instead of starting
     a new attempt of it (``rlpulse.collector.runs.membership``)."""
+    config: bytes = b""
+    """The run's configuration, its hyper-parameters (``rlpulse.schemas.runconfig``: a msgpack
+    map of plain data, at most ``runconfig.MAX_BYTES``), as the producer last gave it; b"" for
+    none. Checked by the collector when it changes (``bad_config``)."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
@@ -324,7 +328,8 @@ class Member(Struct, array_like=True, frozen=True, gc=False):
     metrics_url: str = ""
     logs: bool = True
     resume: bool = False
-    """``metrics_url``, ``logs`` and ``resume`` as in :class:`Hello`."""
+    config: bytes = b""
+    """``metrics_url``, ``logs``, ``resume`` and ``config`` as in :class:`Hello`."""
 
 
 class RelayHello(Struct, array_like=True, frozen=True, gc=False, tag=27):

@@ -95,6 +95,7 @@ def encode_hello(
     metrics_url: str = "",
     logs: bool = True,
     resume: bool = False,
+    config: bytes = b"",
 ) -> bytes:
     return _ENCODER.encode(
         Hello(
@@ -111,6 +112,7 @@ def encode_hello(
             metrics_url,
             logs,
             resume,
+            config,
         )
     )
 

@@ -55,6 +55,10 @@ class StepRecord:
     """Per samples name (values logged as ``Samples``), the step's rows merged over every rank:
     top and bottom ``k`` by the key and a uniform random ``k`` (``rlpulse.schemas.samples``).
     The JSON line carries them readably under ``samples``; the outbox keeps their wire form."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """The run's configuration (``rlpulse.schemas.runconfig``: its hyper-parameters), on the
+    first step emitted after it arrived or changed (``rlpulse.collector.runs.runconfig``); empty
+    on the others. The JSON line carries it under ``config``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +76,7 @@ class StepRecord:
                 if self.samples
                 else {}
             ),
+            **({"config": dict(self.config)} if self.config else {}),
         }
 
     def encode(self, **extra: Any) -> bytes:
@@ -105,6 +110,7 @@ class StepRecord:
             samples={
                 str(n): SampleState.from_wire(w) for n, w in obj.get("samples_wire", {}).items()
             },
+            config=dict(obj.get("config") or {}),
         )
 
 

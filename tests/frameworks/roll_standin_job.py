@@ -1,8 +1,9 @@
 """A ROLL-shaped job on the stand-in (``tests/frameworks/rollstub``), run as its own process by
 ``test_roll.py``: the YAML block's hooks as Ray would call them (``ray_hook`` in the driver,
 ``worker_setup`` in the workers: here one process), two actor and two critic ranks holding 8
-and 55 response tokens per step, a step skipped (no valid response), and the process exits
-without ``finish()``, as ROLL's pipelines do.
+and 55 response tokens per step, a step skipped (no valid response), the driver's metrics of
+the whole trained batch (``MetricsManager.add_all_metrics``) and a validation at even steps
+(rlvr's ``val``), and the process exits without ``finish()``, as ROLL's pipelines do.
 
     python tests/frameworks/roll_standin_job.py ADDRESS RUN STEPS [--resume HISTORY.json] STATS.json [RECORDS.jsonl]
 """
@@ -26,6 +27,9 @@ LENGTHS = {0: [[3, 5]], 1: [[12, 9, 11], [7, 0], [12, 4]]}
 WIDTH = PROMPT + 12
 SKIPPED = 1
 """The step ROLL skips: no response survives its filters, no worker trains."""
+SAMPLES_K = 2
+"""The driver's ``samples_k``: 2 best, 2 worst and 2 random of each batch's rows."""
+VAL_ROWS = 5
 
 
 class Config:
@@ -38,7 +42,7 @@ class Config:
             "address": address,
             "run": run,
             "config_dir": "runs/{run}",
-            "producer": {"close_timeout_s": 10.0},
+            "producer": {"close_timeout_s": 10.0, "samples_k": SAMPLES_K},
         }
         self.loss_agg_mode = "token-mean"
         self.pg_clip = 0.2
@@ -68,6 +72,7 @@ def rank_data(step: int, rank: int) -> dict[str, Any]:
         torch.randn(count, 1, generator=g, dtype=torch.float64).expand(-1, WIDTH - 1) * mask
     )
     values_out = torch.randn(count, WIDTH, 1, generator=g, dtype=torch.float64)
+    scores = torch.rand(count, generator=g, dtype=torch.float64)
     return {
         "input_ids": input_ids,
         "response_mask": response_mask,
@@ -77,7 +82,51 @@ def rank_data(step: int, rank: int) -> dict[str, Any]:
         "returns": torch.randn(count, WIDTH - 1, generator=g, dtype=torch.float64) * mask,
         "logits": logits,
         "values_out": values_out,
+        "scores": scores,
     }
+
+
+def driver_batch(step: int) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The whole trained batch the driver holds at ``step`` (both ranks' rows, in order), as
+    ROLL's driver has it after the advantages: tensors, and per-row objects."""
+    parts = [rank_data(step, r) for r in (0, 1)]
+    tensors = {
+        k: torch.cat([p[k] for p in parts])
+        for k in ("input_ids", "response_mask", "advantages", "scores")
+    }
+    rows = tensors["input_ids"].shape[0]
+    prompt = torch.zeros(rows, WIDTH, dtype=torch.bool)
+    prompt[:, :PROMPT] = True
+    tensors["prompt_mask"] = prompt
+    tensors["attention_mask"] = (prompt | tensors["response_mask"].bool()).long()
+    tensors["final_response_mask"] = tensors["response_mask"][:, 1:]
+    rewards = torch.zeros(rows, WIDTH - 1, dtype=torch.float64)
+    rewards[:, -1] = tensors["scores"]
+    tensors["token_level_rewards"] = rewards
+    domains = [
+        ("math" if r == 0 else "code") for r in (0, 1) for _ in range(len(parts[r]["scores"]))
+    ]
+    return tensors, {"domain": domains, "tag": [f"{d}-tag" for d in domains]}
+
+
+def val_batch(step: int) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The validation batch of ``step`` (what rlvr's validation scheduler returns)."""
+    g = torch.Generator().manual_seed(7000 + step)
+    ids = torch.randint(0, VOCAB, (VAL_ROWS, WIDTH), generator=g)
+    lengths = torch.randint(1, WIDTH - PROMPT, (VAL_ROWS,), generator=g)
+    response = torch.zeros(VAL_ROWS, WIDTH, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        response[i, PROMPT : PROMPT + n] = 1
+    prompt = torch.zeros(VAL_ROWS, WIDTH, dtype=torch.bool)
+    prompt[:, :PROMPT] = True
+    tensors = {
+        "input_ids": ids,
+        "prompt_mask": prompt,
+        "attention_mask": (prompt | response.bool()).long(),
+        "response_mask": response,
+        "scores": torch.randint(0, 2, (VAL_ROWS,), generator=g).double(),
+    }
+    return tensors, {"tag": [f"set{i % 2}" for i in range(VAL_ROWS)]}
 
 
 def micro_batches(rank: int, tensor: Any) -> list[tuple[int, int, Any]]:
@@ -120,9 +169,14 @@ def main(argv: list[str]) -> None:
 
     from roll.distributed.executor.cluster import Cluster
     from roll.distributed.scheduler.protocol import DataProto
-    from roll.pipeline.base_pipeline import BasePipeline
     from roll.pipeline.base_worker import CriticWorker
     from roll.pipeline.rlvr.actor_worker import ActorWorker
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+    from roll.utils.metrics.metrics_manager import MetricsManager
+
+    def validation(step: int) -> DataProto:
+        tensors, objects = val_batch(step)
+        return DataProto(batch=tensors, non_tensor_batch=objects, meta_info={"global_step": step})
 
     config = Config(address, run, resume=history is not None)
     logged: list[dict[str, Any]] = []
@@ -132,7 +186,7 @@ def main(argv: list[str]) -> None:
         stats_path.write_text(json.dumps({"logged": logged, "tracker": pipeline.tracker.stats()}))
 
     atexit.register(dump)
-    pipeline = BasePipeline(config, log_history=history or ())
+    pipeline = RLVRPipeline(config, log_history=history or (), val_batch=validation)
     actor = Cluster("actor_train", ActorWorker, 2)
     critic = Cluster("critic", CriticWorker, 2)
     for cluster in (actor, critic):
@@ -141,6 +195,8 @@ def main(argv: list[str]) -> None:
     for step in range(first, first + int(steps)):
         actor.call("start_model_update", (), ())
         metrics: dict[str, Any] = {"system/step": step, "actor/lr@last": 1e-6}
+        if step % 2 == 0:  # rlvr validates at the start of the step, every eval_steps
+            metrics.update(pipeline.val(global_step=step))
         if step == SKIPPED:
             metrics["mask/final_mask_sum_eq_0"] = 1
         else:
@@ -173,7 +229,10 @@ def main(argv: list[str]) -> None:
                 values = [v for rank in critic_out for v in rank[name]]
                 metrics[name] = sum(values) / len(values)
             metrics["mask/final_mask_sum_eq_0"] = 0
-            metrics["token/response_length/mean"] = tokens / sequences
+            manager = MetricsManager()  # the driver's metrics of the whole trained batch
+            tensors, objects = driver_batch(step)
+            manager.add_all_metrics(step, DataProto(batch=tensors, non_tensor_batch=objects))
+            metrics.update(manager.get_metrics())
         pipeline.tracker.log(values=metrics, step=step)
         logged.append(metrics)
         if step == SKIPPED and records is not None:

@@ -584,3 +584,129 @@ def stop_processes_under(directory: str) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
         time.sleep(2)
+
+
+class _Handle:
+    """A Ray actor handle's ``method.remote(...)``, answered through Ray's object store: what
+    rlvr's and agentic's ``val`` ask their validation schedulers for."""
+
+    def __init__(self, **answers: Any) -> None:
+        self.answers = answers
+
+    def __getattr__(self, method: str) -> Any:
+        import ray
+
+        answer = self.answers[method]
+        return SimpleNamespace(remote=lambda *args, **kwargs: ray.put(answer))
+
+
+def check_samples(state: dict[str, Any], rows: list[dict[str, Any]], k: int) -> None:
+    """A recorded samples state against every row of its batch (``roll_real_batches``)."""
+    assert (state["rows"], state["dropped"], state["cut"], state["key"]) == (
+        len(rows),
+        0,
+        0,
+        "score",
+    )
+    for part in ("top", "bottom", "random"):
+        assert len(state[part]) == min(k, len(rows))
+        for got in state[part]:
+            assert (got.pop("role"), got.pop("rank")) == ("driver", 0)
+            assert any(got == pytest.approx(row) for row in rows), (got, rows)
+    scores = sorted(r["score"] for r in rows)
+    assert [r["score"] for r in state["top"]] == scores[::-1][:k]
+    assert [r["score"] for r in state["bottom"]] == scores[:k]
+
+
+def test_generations_from_rolls_own_functions_reach_the_collector(tmp_path: Path) -> None:
+    """ROLL's batches, built by ROLL's own functions (``roll_real_batches``), through ROLL's own
+    hook points in the driver: ``MetricsManager.add_all_metrics`` (rlvr's trained batch),
+    ``RLVRPipeline.val`` (its validation batch from the scheduler through Ray's object store,
+    read as ``val`` pops its scores), agentic's ``compute_train_data_metrics`` and
+    ``AgenticPipeline.val``; the tracker from ROLL's ``create_tracker`` with a real
+    ``RLVRConfig``. The collector's jsonl holds every batch's rows as the batch has them, the
+    texts decoded with a tokenizer built locally, and the run's config."""
+    import ray
+    import roll.pipeline.agentic.agentic_pipeline as agentic_pipeline
+    from roll.pipeline.agentic.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+    from roll.utils.metrics.metrics_manager import MetricsManager
+    from roll.utils.tracking import create_tracker
+
+    from rlpulse.producer.integrations import roll as rlpulse_roll
+    from rlpulse.trainer.tokenizer import build_tokenizer
+    from tests.frameworks import roll_real_batches as B
+    from tests.frameworks.helpers import jsonl_collector, records
+
+    k = 2
+    tok = build_tokenizer()
+    config = B.rlvr_config()
+    rlpulse_roll.register()
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=tempfile.mkdtemp(prefix="rl47s-", dir="/tmp"),
+        log_to_driver=False,
+    )
+    try:
+        for function in (MetricsManager.add_all_metrics, RLVRPipeline.val, RLVRPipeline.__init__):
+            assert getattr(function, "_rlpulse_samples_of", False), function
+        with jsonl_collector(tmp_path) as (collector, out):
+            kwargs = {
+                "address": collector.address,
+                "run": "roll-real-samples",
+                "config_dir": None,
+                "producer": {"samples_k": k, "close_timeout_s": 10.0},
+            }
+            tracker = create_tracker("rlpulse", config=config.to_dict(), **kwargs)
+            # what the hooked RLVRPipeline.__init__ does once the pipeline has its tokenizer
+            tracker.samples.tokenizer = tok
+            rlpulse_roll.SAMPLES.current = tracker.samples
+            batches: dict[tuple[str, int], tuple[Any, str]] = {}
+
+            batch = B.trained(tok, config, step=0)  # step 0: rlvr trains and validates
+            val_batch = B.generated(tok, seed=50)
+            batches[("rollout/samples", 0)] = (batch, "rlvr")
+            batches[("val/samples", 0)] = (val_batch, "rlvr")
+            pipeline = object.__new__(RLVRPipeline)
+            config.validation = SimpleNamespace(generating_args=config.actor_infer.generating_args)
+            pipeline.pipeline_config = config
+            pipeline.val_dataset = list(range(len(val_batch)))
+            pipeline.val_generate_scheduler = _Handle(get_batch=val_batch)
+            val_metrics = pipeline.val(global_step=0)
+            manager = MetricsManager()
+            manager.add_all_metrics(0, batch)
+            tracker.log({**manager.get_metrics(), **val_metrics}, step=0)
+
+            agentic = B.agentic(tok, step=1)  # step 1: agentic trains and validates
+            agentic_val = B.agentic(tok, step=51)
+            batches[("rollout/samples", 1)] = (agentic, "agentic")
+            batches[("val/samples", 1)] = (agentic_val, "agentic")
+            apipe = object.__new__(AgenticPipeline)
+            apipe.pipeline_config = SimpleNamespace(
+                val_batch_size=len(agentic_val), rollout_dump_dir=None
+            )
+            apipe.val_dataset_manager = _Handle(reset=None)
+            apipe.val_rollout_scheduler = _Handle(get_batch=agentic_val)
+            metrics = apipe.val(1, {})
+            metrics.update(agentic_pipeline.compute_train_data_metrics(batch=agentic))
+            tracker.log(metrics, step=1)
+            tracker.finish()
+            stats = tracker.stats()
+        recs = records(out)
+    finally:
+        ray.shutdown()
+        rlpulse_roll.unregister()
+    assert stats["samples_failed"] == 0, stats
+    assert (stats["samples_logged"], stats["val_samples_logged"]) == (2, 2)
+    for (name, step), (batch, kind) in batches.items():
+        check_samples(recs[step]["samples"][name], B.expected_rows(batch, tok, kind), k)
+    rollout = recs[0]["samples"]["rollout/samples"]["top"][0]
+    assert rollout["prompt"] in B.PROMPTS and rollout["response"].endswith(tok.eos_token)
+    assert recs[0]["config"]["exp_name"] == "roll-real-samples" and "config" not in recs[1]
+    report(
+        f"samples: rlvr {len(batches[('rollout/samples', 0)][0])} trained rows, "
+        f"{len(batches[('val/samples', 0)][0])} validation rows; agentic "
+        f"{len(agentic)} and {len(agentic_val)}; config of {len(recs[0]['config'])} keys"
+    )

@@ -121,6 +121,10 @@ def test_grpo_in_one_process_matches_log_history(tmp_path, monkeypatch) -> None:
     saved = yaml.safe_load((tmp_path / "runs" / "grpo-tiny" / "config.yaml").read_text())
     assert saved["training_args"]["learning_rate"] == trainer.args.learning_rate
     assert saved["model"]["model_type"] == "llama" and saved["model"]["hidden_size"] == 16
+    # the collector recorded it with the run, on its first step
+    recorded = got[1]["config"]
+    assert recorded["training_args"]["learning_rate"] == trainer.args.learning_rate
+    assert recorded["model"]["hidden_size"] == 16 and "config" not in got[2]
 
 
 def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:

@@ -96,6 +96,8 @@ def test_every_driver_metric_reaches_the_collector_with_run_name_and_config(
         assert record["metrics"] == finite(metrics)  # every finite metric, bit for bit
     saved = yaml.safe_load((tmp_path / "runs" / "verl-exp-1" / "config.yaml").read_text())
     assert saved == config
+    # the collector recorded it with the run: on its first step only
+    assert got[0]["config"] == config and "config" not in got[1]
     assert backend.config_path == (tmp_path / "runs" / "verl-exp-1" / "config.yaml").resolve()
 
 

@@ -44,6 +44,11 @@ class RecordingProducer:
 
     def __init__(self, *args, **kwargs):
         self.calls = []
+        self.config = None
+
+    def run_config(self, config):
+        self.config = config
+        return True
 
     def log(self, data, step):
         self.calls.append((step, dict(data)))

@@ -86,3 +86,60 @@ def test_bad_samples_config_fails_naming_the_field(field: str, value: int) -> No
     with pytest.raises(ConfigError, match=field):
         ProducerConfig(**{field: value})
     assert ProducerConfig(samples_k=3).sample_limits() == SampleLimits(k=3)
+
+
+def test_reduce_then_fill_is_the_state_of_the_filled_rows_filling_only_those_kept() -> None:
+    """Given the same random keys, the state equals reducing the completed rows; ``fill`` is
+    asked for at most 3 k rows (here 3 x 4 of 500)."""
+    import random
+
+    from rlpulse.producer.samples import reduce_then_fill
+    from rlpulse.schemas.samples import reduce_rows
+
+    rng = random.Random(5)
+    numbers = [{"score": float(rng.randint(0, 20)), "length": i % 7} for i in range(500)]
+    texts = {i: f"response {i} " + "z" * (i % 3) * 40 for i in range(500)}
+    asked: list[int] = []
+
+    def fill(indices: list[int]) -> list[dict[str, str]]:
+        asked.extend(indices)
+        return [{"response": texts[i]} for i in indices]
+
+    limits = SampleLimits(k=4, field_bytes=64)
+    seeds = [random.Random(9), random.Random(9)]
+    got = reduce_then_fill(
+        numbers,
+        "score",
+        fill,
+        origin=("driver", 0),
+        limits=limits,
+        keys=lambda: seeds[0].getrandbits(63),
+    )
+    full = [{**row, "response": texts[i]} for i, row in enumerate(numbers)]
+    want = reduce_rows(
+        full, "score", origin=("driver", 0), limits=limits, keys=lambda: seeds[1].getrandbits(63)
+    )
+    assert got.rows == want.rows == 500 and len(asked) <= 12
+    for part in ("top", "bottom", "random"):
+        assert [r.fields for r in getattr(got, part)] == [r.fields for r in getattr(want, part)]
+    # cuts are counted over the rows filled (the kept ones), each once
+    kept = {r.rkey: r for part in (want.top, want.bottom, want.random) for r in part}
+    assert got.cut == sum(1 for r in kept.values() if "[cut" in str(r.fields["response"])) > 0
+
+
+def test_a_reduced_state_is_logged_as_it_is_from_this_rank() -> None:
+    from rlpulse.producer.samples import reduce_then_fill
+
+    state = reduce_then_fill(
+        [{"score": 1.0}, {"score": "bad"}],
+        "score",
+        lambda idx: [{"text": "t" * 100} for _ in idx],
+        origin=("elsewhere", 9),
+        limits=SampleLimits(k=2, field_bytes=32),
+    )
+    enc = encoder()
+    entry = enc.entry(3, 0.0, {NAME: state})
+    assert entry is not None
+    sent = decode(entry[6][0])
+    assert sent.rows == 1 and {(r.role, r.rank) for r in sent.random} == {("actor", 3)}
+    assert (enc.counters.samples_dropped, enc.counters.samples_cut) == (1, 1)

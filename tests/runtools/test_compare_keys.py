@@ -46,3 +46,40 @@ def test_no_configuration_at_all_says_where_one_comes_from() -> None:
     assert code == 0 and out
     assert "--key ppo.actor_lr: no run has a configuration" in err
     assert "config.yaml" in err
+
+
+def test_the_config_the_collector_recorded_in_the_jsonl_gives_the_key_columns(
+    tmp_path: Path,
+) -> None:
+    """Each run's own ``config`` (on the step after it arrived; a later one replaces it) is
+    its configuration: two runs in one file, and a config.yaml beside it for neither."""
+    import json
+
+    lines = [
+        {
+            "run": "a",
+            "step": 0,
+            "metrics": {"critic/score/mean": 1.0},
+            "config": {"actor": {"lr": 1e-6}},
+        },
+        {
+            "run": "b",
+            "step": 0,
+            "metrics": {"critic/score/mean": 1.0},
+            "config": {"actor": {"lr": 2e-6}},
+        },
+        {
+            "run": "a",
+            "step": 1,
+            "metrics": {"critic/score/mean": 2.0},
+            "config": {"actor": {"lr": 3e-6}},
+        },
+        {"run": "b", "step": 1, "metrics": {"critic/score/mean": 2.0}},
+    ]
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "config.yaml").write_text("actor: {lr: 9.0}\n")  # the file's: runs have theirs
+    code, out, err = compare(str(path), "--key", "actor.lr")
+    assert (code, err) == (0, "")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines()[2:]}
+    assert "3e-06" in rows["a"] and "2e-06" in rows["b"]

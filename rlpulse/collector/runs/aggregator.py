@@ -36,6 +36,7 @@ from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
 from rlpulse.collector.runs.retention import Ended
 from rlpulse.collector.runs.run import Run
+from rlpulse.collector.runs.runconfig import RunConfigs
 from rlpulse.collector.runs.spans import SpanReader
 from rlpulse.collector.runs.steps import StepState
 from rlpulse.collector.tiers import watch
@@ -85,6 +86,8 @@ class Aggregator:
         """What the relays below are (speaking, silent, presumed dead), said in the log and
         on /metrics."""
         self.runs: dict[str, Run] = {}
+        self.configs = RunConfigs(self.health, local=self.output.local)
+        """Each run's config, put on its next step (``rlpulse.collector.runs.runconfig``)."""
         self.ended = Ended(config.run_retention_s)
         self.forgotten_pids: list[int] = []
         """Producers forgotten since the daemon last asked (it drops their delivery state)."""
@@ -132,6 +135,7 @@ class Aggregator:
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
             if registered.logs and not registered.ghost:
                 self.run(registered.run).took_over(registered)
+            self.configs.hello(registered, msg.config)  # type: ignore[union-attr]
             return
         if kind is protocol.RelayHello:
             self._relay_hello(msg, now)  # type: ignore[arg-type]
@@ -218,6 +222,7 @@ class Aggregator:
             prod = self.membership.producers.get(member.producer)
             if member.logs and prod is not None:
                 self.run(prod.run).took_over(prod)
+                self.configs.hello(prod, member.config)
 
     def admits(self, msg: protocol.Message, closing: bool = False) -> bool:
         """Whether ``msg`` may be applied now. A producer's data that would open a step
@@ -309,6 +314,7 @@ class Aggregator:
         run = self.runs.pop(name, None)
         last = run.last_emitted if run is not None else -1
         pids = forget_run(self.membership, name, last, now)
+        self.configs.forget(name)
         self.output.forget(self, name, pids, self.emit if emit else None)
         if self.clock is not None:
             self.clock.forget(pids)
@@ -337,7 +343,7 @@ class Aggregator:
     def _emit(self, run: Run, state: StepState, missing: set) -> None:
         run.merger.merge_step(state.step)
         run.close(state)
-        partial = self.output.finish(run, state, missing, self.emit)
+        partial = self.output.finish(run, state, missing, self.configs.attach(run.name, self.emit))
         self.health.steps_emitted += 1
         if partial:
             self.health.partial_steps += 1
@@ -365,6 +371,7 @@ class Aggregator:
         if run_name and step >= 0:
             self.membership.ensure_run(run_name, 0.0)
             self.run(run_name).emitted_through(step)
+        self.configs.emitted(record)
         self.output.note_emitted(self, record)
 
     def snapshot(self) -> dict:
@@ -377,6 +384,8 @@ class Aggregator:
             else:
                 data["last_emitted"] = -1
         self.output.snapshot(self, out)
+        if self.configs.by_run:
+            out["configs"] = self.configs.snapshot()
         return out
 
     def restore(self, snapshot: Mapping, now: float) -> None:
@@ -387,3 +396,4 @@ class Aggregator:
         for name, data in snapshot.get("runs", {}).items():
             self.run(name).restore(data, now)
         self.output.restore(self, snapshot)
+        self.configs.restore(snapshot.get("configs", {}))

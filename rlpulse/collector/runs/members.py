@@ -69,6 +69,9 @@ class ProducerInfo:
     """A producer of a run forgotten since (``Membership.ghosts``): its data is late."""
     aliases: dict[str, str] = field(default_factory=dict)
     """A relay's runs as the relay names them -> as this collector records them."""
+    config: bytes = b""
+    """The run config its last hello carried (``Hello.config``, as sent: a relay forwards it;
+    ``rlpulse.collector.runs.runconfig`` reads it when it changes)."""
 
     def declare(self, decls: Iterable[TableDecl]) -> None:
         """Take the tables of a hello (validated by the decoder)."""

@@ -18,6 +18,10 @@ name under ``samples/<name>``: one text per row, its fields one per line, captio
 set, origin and key value (``rlpulse.collector.sinks.samples_view``). They are logged after
 the numbers, so texts SwanLab refuses are logged and counted, and the numbers stay.
 
+The run's configuration (``StepRecord.config``) is the SwanLab run's config: given to
+``swanlab.init`` when it comes with the run's first step, merged in with ``run.config.update``
+when it comes later.
+
 SwanLab keeps one active run per process, so the sink follows the first rlpulse run it sees;
 steps of other runs are skipped with a warning (configure one collector per run).
 
@@ -187,8 +191,10 @@ class SwanLabSink(Sink):
     def write(self, record: StepRecord) -> None:
         """Log the step's metrics at ``step``; the SwanLab run starts on the first step."""
         if self._run is None:
-            self._run = self._start(record.run)
+            self._run = self._start(record.run, record.config)
             self._run_name = record.run
+        elif record.run == self._run_name and record.config:
+            self._run.config.update(dict(record.config))
         elif record.run != self._run_name:
             if record.run not in self._skipped:
                 self._skipped.add(record.run)
@@ -225,8 +231,10 @@ class SwanLabSink(Sink):
         if run is not None:
             run.finish()
 
-    def _start(self, run_name: str) -> Any:
+    def _start(self, run_name: str, config: Mapping[str, Any]) -> Any:
         kwargs = dict(self._init_kwargs)
+        if config:
+            kwargs["config"] = dict(config)
         name_param = next((k for k in _PARAMS["name"] if k in kwargs), None)
         if name_param is None:
             params = inspect.signature(self._swanlab.init).parameters

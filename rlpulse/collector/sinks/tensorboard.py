@@ -14,6 +14,12 @@ under ``samples/<name>``: a markdown table (``rlpulse.collector.sinks.samples_vi
 TensorBoard's Text tab renders, its cells cut to 1000 characters. A name whose table cannot be
 made is logged and counted, and the step's scalars are written all the same.
 
+The run's configuration (``StepRecord.config``, on the step after it arrived) is written as
+the run's hyper-parameters, before that step: the HParams plugin's session start
+(``summary_v2.hparams_pb``, what ``add_hparams`` writes), its keys dotted
+(``actor_train.model_args.dtype``), lists and nulls as their JSON text, the run name as the
+trial. TensorBoard's HParams tab then lists the run with its configuration.
+
 >>> import tempfile
 >>> sink = TensorBoardSink.from_kwargs({"log_dir": tempfile.mkdtemp()}, SinkContext())
 >>> sink.open()
@@ -33,6 +39,7 @@ from typing import Any, BinaryIO, ClassVar
 
 from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown, required_path
+from rlpulse.schemas import runconfig
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.samples import SampleState
@@ -92,6 +99,8 @@ class TensorBoardSink(Sink):
     def write(self, record: StepRecord) -> None:
         """Append the step as one event and flush it to disk."""
         writer = self._writer(record.run)
+        if record.config:
+            writer.write(self._hparams(record).SerializeToString())
         values = [
             self._summary_pb2.Summary.Value(tag=name, simple_value=float(value))
             for name, value in record.metrics.items()
@@ -129,6 +138,14 @@ class TensorBoardSink(Sink):
             bucket_limit=upper.tolist(),
             bucket=counts.astype(float).tolist(),
         )
+
+    def _hparams(self, record: StepRecord) -> Any:
+        """The run's configuration as the HParams plugin's session start, in its own event."""
+        from tensorboard.plugins.hparams.summary_v2 import hparams_pb
+
+        start = record.time or time.time()
+        summary = hparams_pb(runconfig.flat(record.config), record.run, start)
+        return self._event_pb2.Event(wall_time=start, step=record.step, summary=summary)
 
     def _text(self, tag: str, markdown: str) -> Any:
         """A text summary (TensorBoard's text plugin: a scalar string tensor) of ``markdown``."""

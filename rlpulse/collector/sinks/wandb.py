@@ -5,6 +5,10 @@ under ``samples/<name>`` (columns ``set``, ``role``, ``rank``, then the row's fi
 ``rlpulse.collector.sinks.samples_view``); W&B shows each table at its step. They are logged
 after the numbers, so a table W&B refuses is logged and counted, and the numbers stay.
 
+The run's configuration (``StepRecord.config``) is the W&B run's config: given to
+``wandb.init`` when it comes with the run's first step, merged in with ``run.config.update``
+when it comes later (a changed value replaces the earlier one).
+
 kwargs follow ROLL's ``tracker_kwargs`` for wandb: ``project``, ``name``, ``notes``, ``tags``,
 ``api_key``, plus ``mode`` (``online``, ``offline``, ``disabled``), ``dir``, ``entity``,
 ``group``, ``job_type`` and ``base_url`` (a self-hosted W&B server). ``mode`` defaults to ``WANDB_MODE``, else online. Offline runs are
@@ -154,7 +158,9 @@ class WandbSink(Sink):
         into the same row (W&B keeps a step's row open until a later step is logged)."""
         run = self._runs.get(record.run)
         if run is None:
-            run = self._runs[record.run] = self._start(record.run)
+            run = self._runs[record.run] = self._start(record.run, record.config)
+        elif record.config:
+            run.config.update(dict(record.config), allow_val_change=True)
         run.log(dict(record.metrics), step=record.step)
 
         def log_table(name: str, state: SampleState) -> None:
@@ -197,7 +203,7 @@ class WandbSink(Sink):
         if errors:
             raise errors[0]
 
-    def _start(self, run_name: str) -> Any:
+    def _start(self, run_name: str, config: Mapping[str, Any]) -> Any:
         settings = _settings(
             self._wandb.Settings,
             mode=self.mode,
@@ -212,6 +218,8 @@ class WandbSink(Sink):
             x_disable_machine_info=True,
         )
         kwargs = {"name": run_name, **self._init_kwargs}
+        if config:
+            kwargs["config"] = dict(config)
         self._started = True
         return self._wandb.init(
             dir=str(self._dir) if self._dir is not None else None, settings=settings, **kwargs

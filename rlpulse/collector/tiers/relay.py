@@ -189,6 +189,7 @@ class Relay:
             prod.metrics_url,
             prod.logs,
             prod.resume,
+            prod.config,
         )
 
     def _announce(self, agg: Host, now: float) -> None:

@@ -16,7 +16,9 @@ the function ``RAY_RUNTIME_ENV_HOOK`` names, inside that ``ray.init``, in the dr
 
 * registers ``rlpulse`` in ROLL's tracker registry (:func:`register`), so ROLL's
   ``create_tracker`` builds a :class:`~rlpulse.producer.integrations.roll_tracker.RlpulseTracker`;
-* hooks the driver's ROLL ``Cluster`` so the tracker can tell every worker when a step ends;
+* hooks the driver's ROLL ``Cluster`` so the tracker can tell every worker when a step ends,
+  and the driver's functions that hold ROLL's batches so the tracker logs their generations
+  (:mod:`~rlpulse.producer.integrations.roll_samples`);
 * adds :func:`worker_setup` as the job's ``worker_process_setup_hook``: every ROLL worker
   process then wraps ROLL's loss functions and worker calls as they are imported
   (:mod:`~rlpulse.producer.integrations.roll_worker`).
@@ -46,6 +48,7 @@ from typing import Any
 
 from rlpulse.producer.integrations import roll_compat as C, roll_worker
 from rlpulse.producer.integrations.onimport import OnImport
+from rlpulse.producer.integrations.roll_samples import SamplesHooks
 from rlpulse.producer.integrations.roll_settings import TRACKER
 from rlpulse.producer.integrations.roll_tracker import RlpulseTracker
 
@@ -198,6 +201,8 @@ def _ray() -> Any:
 
 DRIVER = DriverHooks()
 """This process's driver hooks (installed by :func:`register`)."""
+SAMPLES = SamplesHooks()
+"""This process's hooks of the batches the driver holds (installed by :func:`register`)."""
 
 
 def register() -> None:
@@ -208,6 +213,7 @@ def register() -> None:
     C.check_tracking(tracking)
     tracking.tracker_registry[TRACKER] = RlpulseTracker
     DRIVER.install()
+    SAMPLES.install()
     RlpulseTracker.workers = DRIVER
 
 
@@ -218,6 +224,7 @@ def unregister() -> None:
         del tracking.tracker_registry[TRACKER]
     DRIVER.uninstall()
     DRIVER.workers_hooked = False
+    SAMPLES.uninstall()
 
 
 WORKER_HOOK: roll_worker.WorkerHook | None = None

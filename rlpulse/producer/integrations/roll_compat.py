@@ -47,6 +47,46 @@ PHASE_NAMES = {"start_model_update": "model_update"}
 RLVR_PIPELINE = "roll.pipeline.rlvr.rlvr_pipeline"
 METRICS_MANAGER = "roll.utils.metrics.metrics_manager"
 
+SAMPLES_HOOKS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    METRICS_MANAGER: (("MetricsManager", "add_all_metrics", "trained"),),
+    RLVR_PIPELINE: (("RLVRPipeline", "__init__", "built"), ("RLVRPipeline", "val", "validating")),
+    "roll.pipeline.rlvr.rlvr_vlm_pipeline": (
+        ("RLVRVLMPipeline", "__init__", "built"),
+        ("RLVRVLMPipeline", "val", "validating"),
+    ),
+    "roll.pipeline.agentic.agentic_pipeline": (
+        ("AgenticPipeline", "__init__", "built"),
+        ("AgenticPipeline", "val", "validating"),
+        ("", "compute_train_data_metrics", "trained_agentic"),
+        ("", "dump_rollout_trajectories", "dumped"),
+    ),
+    "roll.distributed.scheduler.protocol": (("DataProto", "pop", "popped"),),
+}
+"""module -> ``(class or "" for the module, function, wrapper)`` of the driver's functions
+that hold ROLL's batches (``roll_samples.SamplesHooks``)."""
+
+_SAMPLES_PARAMS = {
+    "validating": ("self", "global_step"),
+    "trained": ("self", "global_step", "batch"),
+    "trained_agentic": ("batch",),
+    "popped": ("self", "batch_keys"),
+    "dumped": ("path", "global_step", "data"),
+}
+
+
+def check_samples_hook(function: Any, how: str) -> str | None:
+    """What makes ``function`` unfit for the samples wrapper ``how`` (its leading parameters
+    differ from what it reads), None when it fits."""
+    expected = _SAMPLES_PARAMS.get(how)
+    if expected is None:
+        return None
+    try:
+        params = tuple(inspect.signature(function).parameters)[: len(expected)]
+    except (TypeError, ValueError):
+        return "has no signature to check"
+    return None if params == expected else f"takes {params} first, not {expected}"
+
+
 EXACT_VAR = "RLPULSE_ROLL_EXACT"
 """``0`` in ``system_envs``: the workers' loss functions are left alone (ROLL's values are sent)."""
 

@@ -32,7 +32,8 @@ class RollSettings:
     * ``exact``: the workers log ROLL's loss metrics exactly (default true); false: the driver
       sends ROLL's values of them.
     * ``phases``: every ROLL worker call is a phase of its rank (default true).
-    * ``samples``: trained and validation generations as ``rollout/samples``, ``val/samples``.
+    * ``samples``: the driver logs each step's trained generations as ``rollout/samples`` and
+      each validation's as ``val/samples`` (default true; ``roll_samples``).
     * ``worker_side``: more names the workers log exactly themselves (the driver leaves ROLL's
       value of them out).
     * ``config_dir``: where ROLL's resolved config is saved as ``config.yaml``, ``{run}``

@@ -15,8 +15,11 @@ step, in the driver process. :class:`RlpulseTracker` (registered as ``rlpulse`` 
 * resumes the run on the collector when ROLL resumes from a checkpoint: ROLL then re-logs the
   whole history (``BasePipeline.__init__``); the collector keeps each step once (those it had
   are left out and told back, ``stats()["dropped_late"]``; those it had not are recorded);
-* saves the resolved config as ``runs/<run>/config.yaml`` (beside the run's jsonl, where
-  ``rlpulse compare --key`` reads it);
+* sends the resolved config to the collector (``Producer.run_config``), whose sinks record it
+  as ROLL's own TensorBoard and W&B trackers do (hyper-parameters, the run's config), and saves
+  it as ``runs/<run>/config.yaml`` on the driver's host;
+* logs each step's trained generations as ``rollout/samples`` and each validation's as
+  ``val/samples`` (``samples``; ``roll_samples``);
 * flushes and closes at the process's exit (ROLL never calls ``finish()``), the workers'
   producers first.
 
@@ -37,6 +40,7 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.env import expected_roles_from_env
 from rlpulse.producer.integrations import roll_states
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
+from rlpulse.producer.integrations.roll_samples import RollSamples
 from rlpulse.producer.integrations.roll_settings import SECTION, RollSettings, resumes
 
 log = logging.getLogger("rlpulse.integrations.roll")
@@ -103,11 +107,15 @@ class RlpulseTracker:
             resume=resumes(config),
             config=settings.producer,
         )
+        self.producer.run_config(config)  # the collector's sinks record it as the run's
         worker_side = settings.worker_side
         self.exact = settings.exact and self.workers.hooked()
         if self.exact:  # the hooked workers log these exactly (roll_worker)
             worker_side += roll_states.worker_side(config)
         self.stream = DriverStream(self.producer, worker_side=worker_side)
+        self.samples = RollSamples(self.producer) if settings.samples else None
+        """Logs ROLL's trained and validation batches (``roll_samples``, hooked by
+        ``roll.register``)."""
         self._lock = threading.Lock()
         self._last: int | None = None
         self._finished = False
@@ -167,5 +175,6 @@ class RlpulseTracker:
             log.warning("rlpulse: %d messages of run %r not acknowledged", lost, self.settings.run)
 
     def stats(self) -> dict[str, int]:
-        """The tracker's, the driver stream's and the producer's counts."""
-        return {**self._counts, **self.stream.stats(), **self.producer.stats()}
+        """The tracker's, the driver stream's, the samples' and the producer's counts."""
+        samples = self.samples.stats() if self.samples is not None else {}
+        return {**self._counts, **self.stream.stats(), **samples, **self.producer.stats()}

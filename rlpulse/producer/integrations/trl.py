@@ -73,7 +73,8 @@ class RlpulseCallback(TrainerCallback):
     * ``worker_side``: metrics the processes log exactly themselves; the main process leaves
       TRL's value of them out (the ``exact`` names are added).
     * ``config_dir``: where the run's configuration (the training arguments and the model's
-      config) is saved as ``config.yaml``, ``{run}`` filled in; None: not saved.
+      config) is saved as ``config.yaml``, ``{run}`` filled in; None: not saved. The main
+      process sends it to the collector too (``Producer.run_config``), whose sinks record it.
     * ``producer_config``: the producers' buffers and timings.
 
     >>> cb = RlpulseCallback(run="grpo-1")
@@ -160,13 +161,13 @@ class RlpulseCallback(TrainerCallback):
             self._stream = DriverStream(
                 self._producer, worker_side=(*self.worker_side, *self.exact_names)
             )
+            model_config = getattr(kwargs.get("model"), "config", None)
+            config = {
+                "training_args": args.to_dict(),
+                "model": model_config.to_dict() if model_config is not None else None,
+            }
+            self._producer.run_config(config)  # the collector's sinks record it
             if self.config_dir is not None:
-                model = kwargs.get("model")
-                model_config = getattr(model, "config", None)
-                config = {
-                    "training_args": args.to_dict(),
-                    "model": model_config.to_dict() if model_config is not None else None,
-                }
                 directory = self.config_dir.replace("{run}", run)
                 self.config_path = save_run_config(directory, config, "config_dir").resolve()
                 log.info("rlpulse: configuration of run %r saved to %s", run, self.config_path)

@@ -84,7 +84,8 @@ class VerlSettings:
     * ``worker_side``: metrics the workers log exactly; the driver leaves its own value of
       them out (a catalog family such as ``critic/advantages`` covers its ``/mean``, ``/max``,
       ``/min``). The loss metrics the setup hook makes exact are added by themselves.
-    * ``config_dir``: where verl's resolved config is saved as ``config.yaml``, with ``{run}``
+    * ``config_dir``: where verl's resolved config is saved as ``config.yaml`` (it is sent to
+      the collector too, ``Producer.run_config``, whose sinks record it), with ``{run}``
       filled in (default ``runs/{run}``, relative to the driver's working directory; null: not
       saved).
     * ``producer``: :class:`~rlpulse.producer.config.ProducerConfig` fields (``{close_timeout_s: 5}``).
@@ -195,6 +196,8 @@ class RlpulseBackend:
             expected_roles={**settings.expected_roles, settings.role: 1},
             config=settings.producer,
         )
+        if config:  # the collector's sinks record it (hparams, the W&B run's config...)
+            self.producer.run_config(config)
         worker_side = settings.worker_side
         if _LOSS_HOOK is not None and workers_hooked():  # they log these exactly (verl_loss)
             worker_side += exact_names(dict(config or {}))

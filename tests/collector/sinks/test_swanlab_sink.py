@@ -223,3 +223,19 @@ def test_texts_swanlab_refuses_leave_the_numbers_logged(
     assert "no texts today" in caplog.text
     assert _read(offline / "sl")[1] == {0: dict(record.metrics)}
     assert _media(offline / "sl") == {}
+
+
+def test_the_runs_config_is_the_swanlab_runs_config_and_a_change_updates_it(
+    offline: Path,
+) -> None:
+    import yaml
+
+    config = {"actor": {"lr": 1e-6, "clip": [0.2, 0.28]}, "seed": 7}
+    records = make_records("r1", 3)
+    records[0] = StepRecord(**{**vars(records[0]), "config": config})
+    records[2] = StepRecord(**{**vars(records[2]), "config": {"seed": 8}})
+    _write(build_sink("swanlab", {"logdir": "sl", "mode": "offline"}, SinkContext()), records)
+    (path,) = (offline / "sl").glob("run-*/files/config.yaml")  # what SwanLab writes and syncs
+    saved = {key: entry["value"] for key, entry in yaml.safe_load(path.read_text()).items()}
+    assert saved == {"actor": {"lr": 1e-6, "clip": [0.2, 0.28]}, "seed": 8}
+    assert sorted(_read(offline / "sl")[1]) == [0, 1, 2]

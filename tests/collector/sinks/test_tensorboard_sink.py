@@ -171,3 +171,27 @@ def test_missing_library_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "tensorboard.compat.proto", None)
     with pytest.raises(ConfigError, match="pip install"):
         TensorBoardSink.from_kwargs({"log_dir": "x"}, SinkContext())
+
+
+def test_the_runs_config_is_its_hparams_as_tensorboards_reader_sees_them(tmp_path: Path) -> None:
+    """The config on a step is written as the HParams plugin's session start (what
+    ``add_hparams`` writes), read back with EventAccumulator and the plugin's own proto."""
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    config = {"actor": {"lr": 1e-6, "clip": [0.2, 0.28]}, "seed": 7, "fsdp": True, "tag": None}
+    records = make_records("r1", 2)
+    records[0] = StepRecord(**{**vars(records[0]), "config": config})
+    _write(tmp_path / "tb", records)
+    acc = _read(tmp_path / "tb" / "r1")
+    (content,) = acc.PluginTagToContent(metadata.PLUGIN_NAME).values()
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    got = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+    assert got == {
+        "actor.lr": pytest.approx(1e-6),
+        "actor.clip": "[0.2, 0.28]",
+        "seed": 7.0,
+        "fsdp": True,
+        "tag": "null",
+    }
+    assert start.group_name == "r1"
+    assert sorted(acc.Tags()["scalars"]) == sorted(records[0].metrics)  # the steps as before

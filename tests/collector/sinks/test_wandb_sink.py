@@ -246,3 +246,32 @@ def test_a_table_wandb_refuses_leaves_the_numbers_logged(
     assert "no tables today" in caplog.text
     (run_file,) = (offline / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
     assert _history(run_file) == {0: dict(record.metrics)}
+
+
+def _config(path: Path) -> dict:
+    """The W&B run's config as its records set it (the run's, then each update), wandb's own
+    keys (``_wandb``) left out."""
+    out: dict = {}
+    for record in _records(path):
+        kind = record.WhichOneof("record_type")
+        items = record.run.config.update if kind == "run" else None
+        items = record.config.update if kind == "config" else items
+        for item in items or ():
+            key = item.key or "/".join(item.nested_key)
+            if not key.startswith("_"):
+                out[key] = json.loads(item.value_json)
+    return out
+
+
+def test_the_runs_config_is_the_wandb_runs_config_and_a_change_updates_it(
+    offline: Path,
+) -> None:
+    config = {"actor": {"lr": 1e-6, "clip": [0.2, 0.28]}, "seed": 7}
+    records = make_records("r1", 3)
+    records[0] = StepRecord(**{**vars(records[0]), "config": config})
+    records[2] = StepRecord(**{**vars(records[2]), "config": {**config, "seed": 8}})
+    sink = build_sink("wandb", {"mode": "offline", "dir": str(offline)}, SinkContext(), os.environ)
+    _write(sink, records)
+    (run_file,) = (offline / "wandb").glob("offline-run-*/run-*.wandb")
+    assert _config(run_file) == {"actor": {"lr": 1e-6, "clip": [0.2, 0.28]}, "seed": 8}
+    assert sorted(_history(run_file)) == [0, 1, 2]
