@@ -184,6 +184,32 @@ def test_the_driver_logs_its_servers_metrics_per_step(
         assert metrics["actor/lr"] == 1e-6  # the driver's own values, beside
 
 
+def test_an_awaiting_caller_gets_the_coroutine_and_its_window(hooked: Any, server: Server) -> None:
+    """verl's asynchronous trainers ``await`` generate_sequences from their event loop
+    (verl's ``auto_await`` hands them the coroutine): still so, and the window closes when
+    the awaited call ends."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+
+    logged: list[tuple[int, dict]] = []
+
+    class Logs:
+        def log(self, data: Any, step: int) -> None:
+            logged.append((step, dict(data)))
+
+    verl_engines.watch(Logs()).add([server.metrics_url])
+    answered: dict[int, Answered] = {}
+    rollout = AgentLoopManager(verl_config("tcp://127.0.0.1:9"), llm_client=None)
+    rollout.agent_loop_workers = [Worker(server, answered), Worker(server, answered)]
+
+    async def trainer_loop() -> Any:
+        return await rollout.generate_sequences(generation_batch(7, rows=4))
+
+    output = asyncio.run(trainer_loop())
+    assert len(output) == 4
+    ((step, metrics),) = logged
+    assert step == 7 and metrics[E.ENGINE_REQUESTS.name] == answered[7].requests == 4
+
+
 def test_servers_without_statistics_are_not_watched(
     hooked: Any, server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.producer import Producer, ProducerConfig
+from rlpulse.producer import ADDRESS_VAR, Producer, ProducerConfig
 from rlpulse.producer.enginewatch import EngineWatch, EngineWatchConfig
+from rlpulse.producer.env import ENGINES_TIMEOUT_VAR, ENGINES_VAR
 from rlpulse.schemas import engine as E
+from tests.docs import doc_block
 from tests.frameworks.helpers import jsonl_collector, records
 from tests.support.net import free_port
 from tests.support.vllm import Answered, Server, build_model, complete, servers, vllm_missing
@@ -143,3 +145,31 @@ def test_two_real_servers_merge_exactly(model: Path, tmp_path: Path) -> None:
         check_step(record["metrics"], truth[step], servers_read=2)
         assert record["metrics"][E.ENGINE_SERVERS_UNREAD.name] == 0
     assert stats["scrape_failures"] == stats["errors"] == 0
+
+
+def test_the_documented_driver(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/integrations.md's driver of one's own, as written: the engine from RLPULSE_ENGINES,
+    a window around each step's rollout."""
+    block = doc_block(
+        "docs/integrations.md",
+        "### The rollout engine's metrics per step, from its servers",
+        "python",
+    )
+    sent: dict[int, Answered] = {}
+
+    def generate(prompts: list) -> dict:
+        response = complete(server, prompts, 8)
+        sent.setdefault(len(sent) + 1, Answered()).add(response)
+        return response
+
+    with jsonl_collector(tmp_path) as (collector, out):
+        monkeypatch.setenv(ADDRESS_VAR, collector.address)
+        monkeypatch.setenv(ENGINES_VAR, server.metrics_url)
+        monkeypatch.setenv(ENGINES_TIMEOUT_VAR, "60")
+        exec(block, {"run": "doc", "steps": 2, "prompts": [[5, 6, 7]] * 3, "generate": generate})
+    got = records(out)
+    assert sorted(got) == sorted(sent) == [1, 2]
+    for step, record in got.items():
+        check_step(record["metrics"], sent[step], servers_read=1)
