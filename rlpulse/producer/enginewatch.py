@@ -44,24 +44,18 @@ import logging
 import math
 import os
 import threading
-import time
-import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlpulse.producer.engines import ParseError, Reading, Window, difference, merge, parse
+from rlpulse.producer.engines import Reading, Window, difference, merge
+from rlpulse.producer.enginescrape import Fetch, Scraper, checked_urls, fetch_text
 from rlpulse.producer.env import ENGINES_VAR, engines_from_env, engines_timeout_from_env
 from rlpulse.schemas import engine as E
-from rlpulse.schemas.endpoint import MetricsUrl
-from rlpulse.schemas.errors import ConfigError, SchemaError
+from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.producer.engines")
-
-Fetch = Callable[[str, float, int], str]
-"""``fetch(url, timeout_s, max_bytes)``: the text at ``url`` (raises on any failure)."""
 
 
 class Logs(Protocol):
@@ -109,33 +103,6 @@ class EngineWatchConfig:
         return cls() if timeout is None else cls(timeout_s=timeout)
 
 
-def fetch_text(url: str, timeout_s: float, max_bytes: int) -> str:
-    """GET ``url`` as Prometheus' text format, directly (no proxy from the environment: an
-    engine's ``/metrics`` is an internal address, as for Prometheus)."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-    with _OPENER.open(request, timeout=timeout_s) as response:
-        body = response.read(max_bytes + 1)
-    if len(body) > max_bytes:
-        raise ValueError(f"more than {max_bytes} bytes")
-    return str(body.decode("utf-8", errors="replace"))
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def checked_urls(urls: Iterable[str], where: str) -> tuple[str, ...]:
-    """``urls`` once each, in order, each a metrics URL; ConfigError naming ``where``."""
-    out: list[str] = []
-    for url in urls:
-        try:
-            MetricsUrl.parse(url)
-        except SchemaError as exc:
-            raise ConfigError(where, exc.detail, url) from None
-        if url not in out:
-            out.append(url)
-    return tuple(out)
-
-
 @dataclass
 class _Open:
     """The window now open: its step, its engines and their readings at its begin (and the
@@ -152,7 +119,7 @@ class EngineWatch:
     module docstring). ``urls``: the engines' ``/metrics`` URLs, and those of
     ``RLPULSE_ENGINES`` (:func:`~rlpulse.producer.env.engines_from_env`) with ``environ``;
     :meth:`add` more later. ``config`` defaults to :meth:`EngineWatchConfig.from_env`.
-    ``fetch`` is for tests.
+    ``fetch`` (how a URL is read) is for tests.
 
     >>> from rlpulse.producer import NullProducer
     >>> watch = EngineWatch(NullProducer(), [], environ={})
@@ -171,34 +138,23 @@ class EngineWatch:
     ) -> None:
         self.producer = producer
         self.config = config if config is not None else EngineWatchConfig.from_env(environ)
-        self._fetch = fetch
         given = checked_urls(urls, "urls")
         named = checked_urls(engines_from_env(environ), ENGINES_VAR)
         self._urls = given + tuple(u for u in named if u not in given)
         self._lock = threading.Lock()
         self._open: _Open | None = None
-        self._down: set[str] = set()
-        self._busy: set[str] = set()
-        """Engines with a scrape in flight (never two at once for one engine)."""
-        self._pool: ThreadPoolExecutor | None = None
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
         self._warned: set[str] = set()
         self._stats = dict.fromkeys(
-            (
-                "windows",
-                "logged",
-                "scrapes",
-                "scrape_failures",
-                "scrape_timeouts",
-                "unreadable",
-                "no_vllm_metrics",
-                "resets",
-                "rebinned",
-                "misuse",
-                "errors",
-            ),
-            0,
+            ("windows", "logged", "resets", "rebinned", "misuse", "errors"), 0
+        )
+        self._scraper = Scraper(
+            self.config.timeout_s,
+            self.config.max_bytes,
+            self.config.workers,
+            fetch=fetch,
+            warn=self._warn,
         )
 
     # ------------------------------------------------------------------ the caller's side
@@ -226,9 +182,9 @@ class EngineWatch:
                 self.end(self._open.step)
             with self._lock:
                 watched = self._urls
-                urls = [u for u in watched if u not in self._down]
-            self._start_threads()
-            start = self._scrape(urls)
+            down = self._scraper.down(watched)
+            self._start_poller()
+            start = self._scraper.scrape(u for u in watched if u not in down)
             with self._lock:
                 self._open = _Open(step, watched, start)
         except Exception as exc:  # never into the training loop
@@ -270,18 +226,16 @@ class EngineWatch:
         restarted inside a window), ``rebinned`` (a histogram on buckets the catalog lacks),
         ``misuse`` (end without begin...) and internal ``errors``."""
         with self._lock:
-            return dict(self._stats)
+            return {**self._scraper.stats(), **self._stats}
 
     def close(self) -> None:
-        """Stop the background thread and the pool (safe to call twice); an open window is
-        dropped, not logged."""
+        """Stop the background thread and the scrapes (safe to call twice); an open window
+        is dropped, not logged."""
         self._closed.set()
         poller, self._poller = self._poller, None
         if poller is not None:
             poller.join(self.config.timeout_s + 1.0)
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._scraper.close()
 
     # ------------------------------------------------------------------ inside
 
@@ -290,7 +244,7 @@ class EngineWatch:
         unread = len(opened.watched) - len(urls)
         if not opened.watched:
             return None
-        final = self._scrape(urls)
+        final = self._scraper.scrape(urls)
         windows: list[Window] = []
         for url in urls:
             after = final.get(url)
@@ -328,83 +282,8 @@ class EngineWatch:
             self._stats["logged"] += 1
         return metrics
 
-    def _scrape(self, urls: Iterable[str]) -> dict[str, Reading]:
-        """Read every engine of ``urls`` at once, waiting ``timeout_s`` at most: the readings
-        of those that answered (the others are marked down, counted and warned about)."""
-        pool = self._pool
-        if pool is None:
-            return {}
-        futures: dict[Future[Reading | None], str] = {}
-        for url in urls:
-            with self._lock:
-                if url in self._busy:  # the last scrape of it has not come back yet
-                    self._stats["scrape_timeouts"] += 1
-                    self._down.add(url)
-                    continue
-                self._busy.add(url)
-            deadline = time.monotonic() + self.config.timeout_s
-            futures[pool.submit(self._read, url, deadline)] = url
-        done, _ = wait(futures, timeout=self.config.timeout_s)
-        out: dict[str, Reading] = {}
-        for future, url in futures.items():
-            if future not in done:
-                with self._lock:
-                    self._stats["scrape_timeouts"] += 1
-                    self._down.add(url)
-                self._warn(
-                    f"timeout:{url}",
-                    f"{url} did not answer within {self.config.timeout_s}"
-                    " s: left out of the step (rollout/engine/servers_unread), retried in "
-                    "the background",
-                )
-                continue
-            reading = future.result()  # _read never raises
-            if reading is not None:
-                out[url] = reading
-        return out
-
-    def _read(self, url: str, deadline: float) -> Reading | None:
-        """One scrape of one engine (on the pool); None, counted and warned, when it fails.
-        An engine that answers after ``deadline`` (its caller stopped waiting) stays down."""
-        try:
-            with self._lock:
-                self._stats["scrapes"] += 1
-            try:
-                text = self._fetch(url, self.config.timeout_s, self.config.max_bytes)
-            except Exception as exc:
-                self._failed(url, "scrape_failures", f"cannot read {url}: {exc!r:.200}")
-                return None
-            try:
-                reading = parse(text)
-            except ParseError as exc:
-                self._failed(url, "unreadable", f"{url} is not Prometheus text: {exc}")
-                return None
-            if reading.empty:
-                self._failed(
-                    url,
-                    "no_vllm_metrics",
-                    f"{url} has no vLLM metrics (a server "
-                    "started with --disable-log-stats? verl: set "
-                    "actor_rollout_ref.rollout.disable_log_stats=False)",
-                )
-                return None
-            if time.monotonic() <= deadline:
-                with self._lock:
-                    self._down.discard(url)
-            return reading
-        finally:
-            with self._lock:
-                self._busy.discard(url)
-
-    def _failed(self, url: str, key: str, message: str) -> None:
-        with self._lock:
-            self._stats[key] += 1
-            self._down.add(url)
-        self._warn(f"{key}:{url}", message + " (left out of the step; counted in stats())")
-
-    def _start_threads(self) -> None:
-        if self._pool is None and not self._closed.is_set():
-            self._pool = ThreadPoolExecutor(self.config.workers, "rlpulse-engines")
+    def _start_poller(self) -> None:
+        if self._poller is None and not self._closed.is_set():
             self._poller = threading.Thread(
                 target=self._poll, name="rlpulse-engines-poll", daemon=True
             )
@@ -416,10 +295,10 @@ class EngineWatch:
         while not self._closed.wait(self.config.poll_s):
             try:
                 with self._lock:
-                    opened = self._open
-                    down = [u for u in self._urls if u in self._down]
+                    opened, watched = self._open, self._urls
                 urls = list(opened.start) if opened is not None else []
-                readings = self._scrape([*urls, *(u for u in down if u not in urls)])
+                down = [u for u in self._scraper.down(watched) if u not in urls]
+                readings = self._scraper.scrape([*urls, *down])
                 if opened is None:
                     continue
                 with self._lock:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from rlpulse.producer.enginewatch import EngineWatch, EngineWatchConfig, checked_urls
+from rlpulse.producer.enginescrape import checked_urls
+from rlpulse.producer.enginewatch import EngineWatch, EngineWatchConfig
 from rlpulse.producer.env import ENGINES_TIMEOUT_VAR, ENGINES_VAR
 from rlpulse.schemas import engine as E
 from rlpulse.schemas.errors import ConfigError
@@ -37,7 +38,7 @@ def text(tokens: float, running: float = 0.0, ttft: tuple[float, float] = (0.0, 
 
 class Engines:
     """The texts each URL serves now (set them between calls), or an exception to raise; a
-    URL may be made to hang until ``release``."""
+    URL may be made to hang until ``release``; ``before`` runs before each answer."""
 
     def __init__(self, served: Mapping[str, Any]) -> None:
         self.served = dict(served)
@@ -113,7 +114,7 @@ def test_an_engine_that_refuses_is_left_out_counted_and_retried() -> None:
         assert first[E.ENGINE_GENERATION_TOKENS.name] == 5
         assert watch.stats()["scrape_failures"] >= 1
         engines.served[B] = text(50)  # back: the background retry finds it
-        assert until(lambda: B not in watch._down, timeout_s=10)
+        assert until(lambda: not watch._scraper.down([B]), timeout_s=10)
         with watch.window(2):
             engines.served.update({A: text(16), B: text(53)})
     finally:
@@ -140,6 +141,28 @@ def test_a_hung_engine_is_waited_for_once_then_not_until_it_answers() -> None:
     finally:
         engines.release.set()
         watch.close()
+
+
+def test_a_poll_in_flight_at_the_end_is_waited_for_then_read_again() -> None:
+    """The background poll of an engine is still out when the window ends: the end waits for
+    it and then reads the engine afresh (the poll's reading predates the last response), so
+    a slow moment of a healthy engine does not drop it from the step."""
+    engines = Engines({A: text(0)})
+    _producer, watch = watch_of(engines, [A], EngineWatchConfig(timeout_s=10.0, poll_s=0.01))
+    try:
+        watch.begin(1)
+        engines.hang.add(A)  # the next poll blocks until released
+        calls = engines.calls[A]
+        assert until(lambda: engines.calls[A] > calls, timeout_s=10)  # a poll is out
+        engines.served[A] = text(7)
+        threading.Timer(0.3, engines.release.set).start()
+        logged = watch.end(1)
+    finally:
+        engines.release.set()
+        watch.close()
+    assert logged[E.ENGINE_SERVERS.name] == 1 and logged[E.ENGINE_SERVERS_UNREAD.name] == 0
+    assert logged[E.ENGINE_GENERATION_TOKENS.name] == 7
+    assert watch.stats()["scrape_timeouts"] == 0
 
 
 def test_texts_that_are_not_vllm_metrics_are_counted() -> None:
