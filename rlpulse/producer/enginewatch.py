@@ -15,11 +15,14 @@ value, plus ``rollout/engine/servers`` and ``rollout/engine/servers_unread``.
 **The window.** A step's numbers are what the engines did between the two scrapes, whoever
 asked: they equal what the step's requests received when nothing else reaches the engines in
 between (validation requests sent inside the window count with it, as in the in-process path).
-The verl hook and the TRL callback place the window around the driver's generation call.
-When generation overlaps training (an asynchronous pipeline), windows are still by time: a
-window is the rollout call it wraps, so requests of the next step that start before this
-one's ``end`` count here, and requests sent outside any window count nowhere. Windows never
-overlap: ``begin`` while a window is open ends that one first.
+The TRL callback and verl's legacy trainer place the window around the driver's generation
+call; a rollout that is dispatched without waiting for it (verl's v1 trainers) has windows
+from one dispatch to the next (:meth:`EngineWatch.next`: one scrape ends a window and begins
+the next, so consecutive windows tile time), the last one ended when the step is logged
+(:meth:`EngineWatch.end_open`). When generation overlaps training (an asynchronous pipeline),
+windows are still by time: requests of the next step that reach the engines before this
+step's window ends count here, and requests sent outside any window count nowhere. Windows
+never overlap: ``begin`` while a window is open ends that one first.
 
 **Gauges** are instants: a scrape sees the value at that moment. Their maximum is taken over
 the scrapes at both ends and one every ``poll_s`` while the window is open (a background
@@ -210,6 +213,35 @@ class EngineWatch:
             self._error("end", exc)
             return None
 
+    def next(self, step: int) -> dict[str, Any] | None:
+        """End the open window, if any, and begin one at ``step``, both at one scrape: for a
+        rollout that is dispatched without waiting (verl's v1 trainers), whose windows run from
+        one dispatch to the next. The ended window's metrics, as :meth:`end` returns them."""
+        try:
+            with self._lock:
+                opened, self._open = self._open, None
+                watched = self._urls
+            down = self._scraper.down(watched)
+            self._start_poller()
+            ask = [u for u in watched if u not in down]
+            if opened is not None:
+                ask += [u for u in opened.start if u not in ask]
+            readings = self._scraper.scrape(ask)
+            ended = self._finish(opened, readings) if opened is not None else None
+            start = {u: readings[u] for u in watched if u in readings and u not in down}
+            with self._lock:
+                self._open = _Open(step, watched, start)
+            return ended
+        except Exception as exc:
+            self._error("next", exc)
+            return None
+
+    def end_open(self) -> dict[str, Any] | None:
+        """End the open window at its own step, if one is open (nothing to say otherwise)."""
+        with self._lock:
+            opened = self._open
+        return None if opened is None else self.end(opened.step)
+
     @contextmanager
     def window(self, step: int) -> Iterator[None]:
         """``begin(step)``, the block, ``end(step)`` (also when the block raises)."""
@@ -239,12 +271,16 @@ class EngineWatch:
 
     # ------------------------------------------------------------------ inside
 
-    def _finish(self, opened: _Open) -> dict[str, Any] | None:
+    def _finish(
+        self, opened: _Open, final: Mapping[str, Reading] | None = None
+    ) -> dict[str, Any] | None:
+        """Log the window ``opened`` ended at the readings ``final`` (scraped now if None)."""
         urls = list(opened.start)
         unread = len(opened.watched) - len(urls)
         if not opened.watched:
             return None
-        final = self._scraper.scrape(urls)
+        if final is None:
+            final = self._scraper.scrape(urls)
         windows: list[Window] = []
         for url in urls:
             after = final.get(url)

@@ -19,7 +19,14 @@ Ray actor handle; the engine counts the requests the same way). ``Tracking`` and
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,7 @@ import pytest
 pytest.importorskip("verl", reason="verl is not installed (make install-integrations)")
 
 import numpy as np
+import ray
 import torch
 from omegaconf import DictConfig
 
@@ -208,6 +216,114 @@ def test_an_awaiting_caller_gets_the_coroutine_and_its_window(hooked: Any, serve
     assert len(output) == 4
     ((step, metrics),) = logged
     assert step == 7 and metrics[E.ENGINE_REQUESTS.name] == answered[7].requests == 4
+
+
+def stub_transfer_queue() -> None:
+    """verl's v1 agent loop imports TransferQueue, absent here (its workers put trajectories
+    there; the dispatch this test runs never touches it): an empty stand-in, only where the
+    real module is missing."""
+    if "transfer_queue" not in sys.modules and importlib.util.find_spec("transfer_queue") is None:
+        module = types.ModuleType("transfer_queue")
+
+        def missing(name: str) -> Any:  # any name verl imports from it: an inert class
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {"__init__": lambda self, *a, **k: None})
+
+        module.__getattr__ = missing  # type: ignore[method-assign]
+        sys.modules["transfer_queue"] = module
+
+
+@ray.remote
+class Dispatched:
+    """Stands in for verl v1's agent loop worker actor: ``generate_sequences`` starts the
+    chunk's requests to the server and returns at once (verl's put their trajectories into
+    TransferQueue); ``collect`` waits for them, as verl's replay buffer does."""
+
+    def __init__(self, base: str, model: str) -> None:
+        self.server = Server(base, None, model, Path(os.devnull))  # type: ignore[arg-type]
+        self.sent: list[threading.Thread] = []
+        self.answered = Answered()
+
+    def generate_sequences(self, chunk: Any) -> None:
+        from verl.utils import tensordict_utils as tu
+
+        prompts = tu.get(chunk, "prompt_ids")
+        thread = threading.Thread(
+            target=lambda: self.answered.add(complete(self.server, prompts, 8))
+        )
+        thread.start()
+        self.sent.append(thread)
+
+    def collect(self) -> Answered:
+        for thread in self.sent:
+            thread.join()
+        self.sent, answered, self.answered = [], self.answered, Answered()
+        return answered
+
+
+def test_verl_v1_dispatches_open_windows_that_the_steps_log_closes(
+    hooked: Any, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl 0.9's default trainer (v1, ``trainer.use_v1``): ``AgentLoopManagerTQ`` dispatches
+    a step's prompts without waiting and the trainer waits on its replay buffer, so each
+    dispatch begins a window at its batch's step (ending the one before) and the step's log
+    ends it; validation dispatched inside the step is a window of that step too."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.tracking import Tracking
+
+    stub_transfer_queue()
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    ray_dir = tempfile.mkdtemp(prefix="rlpulse-ray-")  # Ray's socket paths must stay short
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=ray_dir,
+        address="local",
+    )
+    answered: dict[int, Answered] = {}
+    try:
+        workers = [Dispatched.remote(server.base, server.model) for _ in range(2)]
+        with jsonl_collector(tmp_path) as (collector, out):
+            config = verl_config(collector.address)
+            verl_engines.servers_started([server.base.removeprefix("http://")])
+            tracking = Tracking(RUN, RUN, ["rlpulse"], config=config)
+            rollout = AgentLoopManagerTQ(config, llm_client=None)
+            rollout.agent_loop_workers = workers
+
+            def dispatch(step: int, rows: int) -> None:
+                prompts = [[5 + i, 6, 7] for i in range(rows)]
+                batch = tu.get_tensordict(
+                    {"input_ids": torch.zeros(rows, 3, dtype=torch.long), "prompt_ids": prompts}
+                )
+                tu.assign_non_tensor_data(batch, "global_steps", step)
+                rollout.generate_sequences(batch)  # returns before the generation ends
+                for got in ray.get([w.collect.remote() for w in workers]):  # the replay buffer
+                    answered.setdefault(step, Answered())
+                    answered[step] += got
+
+            for step in (1, 2, 3):
+                dispatch(step, rows=4 + 2 * step)
+                if step == 2:
+                    dispatch(step, rows=6)  # validation, inside step 2
+                tracking.log(data={"actor/lr": 1e-6}, step=step)
+            tracking.finish()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    got = records(out)
+    assert sorted(got) == [1, 2, 3]
+    for step, record in got.items():
+        metrics, truth = record["metrics"], answered[step]
+        assert metrics[E.ENGINE_SERVERS_UNREAD.name] == 0 and metrics[E.ENGINE_SERVERS.name] == 1
+        assert metrics[E.ENGINE_REQUESTS.name] == truth.requests == 4 + 2 * step + 6 * (step == 2)
+        assert metrics[E.ENGINE_GENERATION_TOKENS.name] == truth.completion_tokens
+        for histogram in (E.ENGINE_TTFT, E.ENGINE_E2E_LATENCY):
+            assert sum(metrics.get(b, 0) for b in histogram.bucket_names) == truth.requests
 
 
 def test_servers_without_statistics_are_not_watched(

@@ -246,3 +246,23 @@ def test_bad_settings_fail_at_construction(bad: dict[str, Any]) -> None:
 
 def test_checked_urls_keeps_the_first_of_each() -> None:
     assert checked_urls([A, B, A], "urls") == (A, B)
+
+
+def test_next_ends_a_window_and_begins_the_next_at_one_scrape() -> None:
+    """Dispatch-to-dispatch windows (a rollout dispatched without waiting): the scrape that
+    ends one begins the next, so no request falls between them; end_open ends the last."""
+    engines = Engines({A: text(0)})
+    producer, watch = watch_of(engines, [A])
+    try:
+        assert watch.next(1) is None  # nothing open yet
+        engines.served[A] = text(10)
+        first = watch.next(2)
+        engines.served[A] = text(25)
+        second = watch.end_open()
+        assert watch.end_open() is None  # nothing open: nothing logged, no misuse
+    finally:
+        watch.close()
+    assert [step for step, _ in producer.logged] == [1, 2]
+    assert first[E.ENGINE_GENERATION_TOKENS.name] == 10
+    assert second[E.ENGINE_GENERATION_TOKENS.name] == 15
+    assert engines.calls[A] >= 3 and watch.stats()["misuse"] == 0

@@ -208,6 +208,7 @@ class RlpulseBackend:
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl's ``Tracking.log`` calls this with every metric of a step."""
         self.stream.log(data, step)
+        verl_engines.step_logged()  # the step's generation is over
 
     def finish(self) -> None:
         """Send what is queued, wait for the collector's acknowledgement (at most

@@ -2,23 +2,28 @@
 
 verl 0.9 generates through vLLM (or SGLang) servers it starts itself: ``LLMServerManager``
 launches the replicas, each with an HTTP server whose address (``host:port``) it keeps in
-``server_addresses`` (the list verl writes into its own Prometheus config), and the driver
-calls ``AgentLoopManager.generate_sequences`` once per rollout, training and validation alike,
-with the step in ``meta_info["global_steps"]``. In the driver's process :func:`install` wraps
-both (the setup hook calls it):
+``server_addresses`` (the list verl writes into its own Prometheus config). Its driver hands
+each rollout, training and validation alike, to an agent loop manager with the step in the
+batch. In the driver's process :func:`install` (the setup hook calls it) wraps:
 
-* after ``LLMServerManager._initialize_llm_servers``, each server's ``/metrics`` URL joins the
-  process's engines (unless verl runs them with ``rollout.disable_log_stats``, its default:
+* ``LLMServerManager._initialize_llm_servers``: after it, each server's ``/metrics`` URL joins
+  the process's engines (unless verl runs them with ``rollout.disable_log_stats``, its default:
   then a warning says to set ``actor_rollout_ref.rollout.disable_log_stats=False``);
-* ``AgentLoopManager.generate_sequences`` runs inside an
-  :class:`~rlpulse.producer.enginewatch.EngineWatch` window at its batch's step, so the
-  driver's producer logs the step's ``rollout/engine/...`` (the names the in-process path logs)
-  merged over the servers.
+* the legacy trainer's ``AgentLoopManager.generate_sequences`` (``trainer.use_v1=False``),
+  which returns the generated batch: an :class:`~rlpulse.producer.enginewatch.EngineWatch`
+  window around the call, at ``meta_info["global_steps"]``;
+* the v1 trainers' ``AgentLoopManagerTQ.generate_sequences`` (verl 0.9's default), which only
+  dispatches (the trajectories reach TransferQueue and the trainer waits in its replay
+  buffer): each dispatch ends the open window and begins one at the batch's ``global_steps``
+  (``EngineWatch.next``), and the step's log ends the last (:func:`step_logged`, from the
+  tracking backend's ``log``), so a step's window runs from its dispatch to the next dispatch
+  or to its log, whichever comes first.
 
-The watch logs through the driver's producer, which the ``rlpulse`` tracking backend makes
-when ``fit()`` builds ``Tracking`` (before any generation): :func:`watch` is called then,
-:func:`stop` at its ``finish``. ``RLPULSE_ENGINES`` adds engines verl did not start. Trainers
-that add replicas elsewhere (verl's fully asynchronous recipes) are not followed.
+The driver's producer logs the step's ``rollout/engine/...`` (the names the in-process path
+logs) merged over the servers. It is the ``rlpulse`` tracking backend's, made when ``fit()``
+builds ``Tracking`` (before any generation): :func:`watch` is called then, :func:`stop` at its
+``finish``. ``RLPULSE_ENGINES`` adds engines verl did not start. Replicas added elsewhere
+(verl's fully asynchronous recipes' rollouter) are not followed.
 
 >>> metrics_url("10.0.0.7:8000"), metrics_url("[::1]:8000")
 ('http://10.0.0.7:8000/metrics', 'http://[::1]:8000/metrics')
@@ -41,6 +46,7 @@ log = logging.getLogger("rlpulse.integrations.verl")
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+AGENT_LOOP_TQ = "verl.trainer.ppo.v1.agent_loop_tq"
 _MARK = "_rlpulse_engines_original"
 _SERVERS: list[str] = []
 """The ``/metrics`` URLs of the servers this process's ``LLMServerManager`` started."""
@@ -85,7 +91,7 @@ def install() -> None:
     imported (idempotent)."""
     global _ON_IMPORT
     if _ON_IMPORT is None:
-        _ON_IMPORT = OnImport((LLM_SERVER, AGENT_LOOP), _wrap)
+        _ON_IMPORT = OnImport((LLM_SERVER, AGENT_LOOP, AGENT_LOOP_TQ), _wrap)
         _ON_IMPORT.install()
 
 
@@ -98,6 +104,7 @@ def uninstall() -> None:
     for module, cls, name in (
         (LLM_SERVER, "LLMServerManager", "_initialize_llm_servers"),
         (AGENT_LOOP, "AgentLoopManager", "generate_sequences"),
+        (AGENT_LOOP_TQ, "AgentLoopManagerTQ", "generate_sequences"),
     ):
         owner = getattr(sys.modules.get(module), cls, None)
         original = vars(owner).get(_MARK) if owner is not None else None
@@ -131,6 +138,37 @@ def _wrap(module: ModuleType) -> None:
         original_generate = loop.generate_sequences
         setattr(loop, _MARK, original_generate)
         setattr(loop, "generate_sequences", _watched(original_generate))  # noqa: B010
+    elif module.__name__ == AGENT_LOOP_TQ:
+        dispatcher = module.AgentLoopManagerTQ
+        if _MARK in vars(dispatcher):
+            return
+        original_dispatch = dispatcher.generate_sequences
+        setattr(dispatcher, _MARK, original_dispatch)
+        setattr(dispatcher, "generate_sequences", _dispatching(original_dispatch))  # noqa: B010
+
+
+def step_logged() -> None:
+    """The driver logged a step (the tracking backend's ``log``): its generation is over, so
+    the window a dispatch opened (verl's v1 trainers) ends, at its own step."""
+    current = _WATCH
+    if current is not None:
+        current.end_open()
+
+
+def _dispatching(original: Any) -> Any:
+    """verl v1's ``AgentLoopManagerTQ.generate_sequences``: it hands the batch to the agent
+    loop workers and returns without waiting (the trajectories reach TransferQueue, and the
+    trainer waits in its replay buffer), so a dispatch ends the window open (at its step) and
+    begins one at the batch's step (:meth:`EngineWatch.next`); the step's log ends the last."""
+
+    @functools.wraps(original)
+    def generate_sequences(self: Any, prompts: Any, *args: Any, **kwargs: Any) -> Any:
+        current, step = _WATCH, _step(prompts)
+        if current is not None and step is not None:
+            current.next(step)
+        return original(self, prompts, *args, **kwargs)
+
+    return generate_sequences
 
 
 def _watched(original: Any) -> Any:
@@ -181,8 +219,18 @@ def _note(manager: Any) -> None:
 
 
 def _step(prompts: Any) -> int | None:
-    """The driver's step a generation batch carries (``meta_info["global_steps"]``)."""
-    step = getattr(prompts, "meta_info", {}).get("global_steps")
+    """The driver's step a generation batch carries: ``meta_info["global_steps"]`` of a
+    ``DataProto``, the ``global_steps`` non-tensor entry of a ``TensorDict`` (v1)."""
+    meta = getattr(prompts, "meta_info", None)
+    if isinstance(meta, dict):
+        step = meta.get("global_steps")
+    else:
+        try:
+            from verl.utils.tensordict_utils import get_non_tensor_data
+
+            step = get_non_tensor_data(prompts, "global_steps", None)
+        except Exception:  # not a TensorDict of verl's: no step, no window
+            return None
     try:
         return int(step) if step is not None else None
     except (TypeError, ValueError):
