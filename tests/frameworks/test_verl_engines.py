@@ -6,7 +6,8 @@ backend's) logs the step's ``rollout/engine/...``, equal to what the step's gene
 
 What is verl's and what stands in, and why: verl 0.9 starts its vLLM servers inside Ray actors
 with CUDA (and vLLM is not installed in ``.venv-integrations``: verl pins an older transformers
-than vLLM's CPU build), so the one server here is started from ``.venv`` and verl's
+than vLLM's CPU build), so the one server here (the session's, ``tests/frameworks/conftest.py``)
+is started from ``.venv`` and verl's
 ``LLMServerManager._initialize_llm_servers`` (verl's code, with verl's composed config) builds
 its replicas from a replica class that adopts that server (``rollout_replica_class``, verl's
 hook for recipes) instead of launching one; ``AgentLoopManager.generate_sequences`` (verl's
@@ -47,24 +48,17 @@ from tests.frameworks.verl_loss_job import stub_rollout_server_modules
 from tests.support.vllm import (
     Answered,
     Server,
-    build_model,
     complete,
-    servers,
-    vllm_missing,
 )
 
 pytestmark = pytest.mark.timeout(900)
 RUN = "verl-engines"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    missing = vllm_missing()
-    if missing:
-        pytest.skip(missing)
-    model = build_model(tmp_path_factory.mktemp("policy"))
-    with servers(model, tmp_path_factory.mktemp("vllm")) as (one,):
-        yield one
+@pytest.fixture
+def server(vllm_server: Server) -> Server:
+    """The session's real vLLM server (tests/frameworks/conftest.py)."""
+    return vllm_server
 
 
 @pytest.fixture
