@@ -54,6 +54,39 @@ def expected_roles_from_env(environ: Mapping[str, str] = os.environ) -> dict[str
     return roles
 
 
+ENGINES_VAR = "RLPULSE_ENGINES"
+"""Engine servers' ``/metrics`` URLs, comma-separated, whose metrics the process that drives the
+rollout logs per step (``rlpulse.producer.enginewatch``): for engines started from a shell
+(``rlpulse register ... -- vllm serve ...``), which the driver cannot find by itself. The verl
+hook and the TRL callback add the servers they find to these."""
+
+
+ENGINES_TIMEOUT_VAR = "RLPULSE_ENGINES_TIMEOUT_S"
+"""How long the rollout's driver waits for an engine's ``/metrics`` at a window's begin or end
+(``EngineWatchConfig.timeout_s``), for the watches the verl hook and the TRL callback make."""
+
+
+def engines_timeout_from_env(environ: Mapping[str, str] = os.environ) -> float | None:
+    """``RLPULSE_ENGINES_TIMEOUT_S`` in seconds (None when unset); ConfigError naming the
+    variable when it is no positive number."""
+    raw = environ.get(ENGINES_TIMEOUT_VAR, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(ENGINES_TIMEOUT_VAR, "must be a positive number of seconds", raw)
+    return value
+
+
+def engines_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """``RLPULSE_ENGINES`` split at its commas (() when unset); the watch checks each URL
+    (``rlpulse.producer.enginewatch.checked_urls``)."""
+    return tuple(filter(None, (p.strip() for p in environ.get(ENGINES_VAR, "").split(","))))
+
+
 def default_address(environ: Mapping[str, str] = os.environ) -> str:
     """``RLPULSE_ADDRESS``; else, in a Ray job whose driver started collectors with
     ``rlpulse.collector.onray``, the relay on this process's node; else ``tcp://127.0.0.1:5555``."""

@@ -362,6 +362,7 @@ HISTOGRAMS = (*(v for v in _DEFINED if isinstance(v, Histogram)), *engine.HISTOG
 """Histograms (``schemas.histogram``): entries in ENTRIES, bucket templates below."""
 TEMPLATES: tuple[Template, ...] = (
     *(h.buckets for h in HISTOGRAMS),
+    *engine.TEMPLATES,
     SERVE_ERRORS,
     TIME_PHASE,
     TIME_PHASE_GPU,

@@ -23,6 +23,7 @@ from typing import Any
 
 from rlpulse.producer import Fraction
 from rlpulse.schemas import engine as E
+from rlpulse.schemas.histogram import Histogram
 
 COUNTERS: dict[str, str] = {
     "vllm:prompt_tokens": E.ENGINE_PROMPT_TOKENS.name,
@@ -42,6 +43,26 @@ HISTOGRAM_COUNTS: dict[str, str] = {
 }
 """vLLM histogram -> the :class:`StepSamples` field holding the same samples (their count
 and sum, read with the counters, check that the recorder saw what vLLM observed)."""
+
+HISTOGRAMS: dict[str, Histogram] = {
+    "vllm:time_to_first_token_seconds": E.ENGINE_TTFT,
+    "vllm:inter_token_latency_seconds": E.ENGINE_ITL,
+    "vllm:e2e_request_latency_seconds": E.ENGINE_E2E_LATENCY,
+    "vllm:request_queue_time_seconds": E.ENGINE_QUEUE_TIME,
+}
+"""vLLM histogram -> the catalog histogram that carries its samples."""
+
+GAUGES: dict[str, str] = {
+    "vllm:kv_cache_usage_perc": E.ENGINE_KV_CACHE_USAGE.name,
+    "vllm:num_requests_running": E.ENGINE_REQUESTS_RUNNING.name,
+    "vllm:num_requests_waiting": E.ENGINE_REQUESTS_WAITING.name,
+}
+"""vLLM gauge -> the catalog entry that carries its largest value over a step (here read from
+``SchedulerStats``, the values vLLM sets them to; a server's are scraped,
+``rlpulse.producer.enginewatch``)."""
+
+FINISHED_REASON = "finished_reason"
+"""The label of ``vllm:request_success`` that says why a request finished."""
 
 
 @dataclass
@@ -150,11 +171,6 @@ def step_metrics(deltas: Mapping[str, float], samples: StepSamples) -> dict[str,
         out[E.ENGINE_KV_CACHE_USAGE.name] = samples.kv_cache_usage
         out[E.ENGINE_REQUESTS_RUNNING.name] = samples.running
         out[E.ENGINE_REQUESTS_WAITING.name] = samples.waiting
-    for histogram, values in (
-        (E.ENGINE_TTFT, samples.ttft),
-        (E.ENGINE_ITL, samples.itl),
-        (E.ENGINE_E2E_LATENCY, samples.e2e),
-        (E.ENGINE_QUEUE_TIME, samples.queue),
-    ):
-        out.update(histogram.observe(values))
+    for name, histogram in HISTOGRAMS.items():
+        out.update(histogram.observe(getattr(samples, HISTOGRAM_COUNTS[name])))
     return out

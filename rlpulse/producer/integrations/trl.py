@@ -22,6 +22,11 @@ reward, advantage, per-function rewards), as ``Samples`` under ``rollout/samples
 (:mod:`rlpulse.producer.integrations.trl_samples`): the collector keeps the step's best, worst
 and a uniform random few over every process.
 
+With ``engines=True`` (the default), when TRL generates through a vLLM server
+(``vllm_mode="server"``), the main process logs that server's own metrics per step
+(``rollout/engine/...``: tokens, requests, latency histograms, KV cache), scraped around each
+generation (:mod:`rlpulse.producer.integrations.trl_engines`).
+
 Every process's producer (``callback.producer``) is there for metrics of your own logged from
 the training step itself, e.g. ``Masked(advantages, completion_mask)`` in ``compute_loss``: the
 collector pools them over every process's tokens. A step ``k`` is finished on every process
@@ -49,6 +54,7 @@ from transformers import (
 
 from rlpulse.producer.client import Producer
 from rlpulse.producer.config import DEFAULT, ProducerConfig
+from rlpulse.producer.integrations import trl_engines
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 from rlpulse.producer.integrations.trl_loss import LossHook
 from rlpulse.producer.integrations.trl_samples import SamplesHook
@@ -70,6 +76,8 @@ class RlpulseCallback(TrainerCallback):
     * ``samples``: log each process's completions of every training generation as
       ``rollout/samples`` (:mod:`~rlpulse.producer.integrations.trl_samples`; default True;
       ``GRPOTrainer`` and ``RLOOTrainer`` only).
+    * ``engines``: in vLLM server mode, the main process logs the server's metrics per step
+      (:mod:`~rlpulse.producer.integrations.trl_engines`; default True).
     * ``worker_side``: metrics the processes log exactly themselves; the main process leaves
       TRL's value of them out (the ``exact`` names are added).
     * ``config_dir``: where the run's configuration (the training arguments and the model's
@@ -91,6 +99,7 @@ class RlpulseCallback(TrainerCallback):
         expected_roles: Mapping[str, int] | None = None,
         exact: bool = True,
         samples: bool = True,
+        engines: bool = True,
         worker_side: Iterable[str] = (),
         config_dir: str | None = "runs/{run}",
         producer_config: ProducerConfig = DEFAULT,
@@ -104,6 +113,7 @@ class RlpulseCallback(TrainerCallback):
         self.expected_roles = dict(expected_roles or {})
         self.exact = exact
         self.samples = samples
+        self.engines = engines
         self.worker_side = tuple(worker_side)
         self.config_dir = config_dir
         self.producer_config = producer_config
@@ -139,7 +149,7 @@ class RlpulseCallback(TrainerCallback):
         if self._producer is not None:
             return
         run = self.run or args.run_name or Path(args.output_dir or "trl").name
-        trainer = self._trainer() if self.exact or self.samples else None
+        trainer = self._trainer() if self.exact or self.samples or self.engines else None
         hook = LossHook.for_trainer(trainer) if trainer is not None and self.exact else None
         self._producer = self._factory(
             self.address,
@@ -157,6 +167,8 @@ class RlpulseCallback(TrainerCallback):
         if self.samples and trainer is not None and SamplesHook.fits(trainer):
             self._samples = SamplesHook(self._producer)
             self._detach.append(self._samples.attach(trainer))
+        if self.engines and trainer is not None:
+            self._watch_engines(trainer, self._producer)
         if state.is_world_process_zero:
             self._stream = DriverStream(
                 self._producer, worker_side=(*self.worker_side, *self.exact_names)
@@ -229,6 +241,12 @@ class RlpulseCallback(TrainerCallback):
             del frame
         log.warning("rlpulse: no Trainer found calling on_train_begin; TRL's own values are sent")
         return None
+
+    def _watch_engines(self, trainer: Trainer, producer: Producer) -> None:
+        """The vLLM server's metrics per step, when TRL generates through one."""
+        detach = trl_engines.attach(trainer, producer)
+        if detach is not None:
+            self._detach.append(detach)
 
     def _exact_failed(self, message: str) -> None:
         """The hook stopped (see :meth:`LossHook.attach`): TRL's values of its names again."""

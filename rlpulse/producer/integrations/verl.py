@@ -29,7 +29,9 @@ each rank's micro-batch means). ``RLPULSE_VERL_EXACT=0`` in the job's environmen
 off. For metrics of your own, :func:`worker_producer` gives a verl worker its producer, and
 ``rlpulse.trainer.rlpulse.worker_side`` names them so the driver leaves its approximation out.
 verl's validation generations (``trainer.log_val_generations=N``) go out as ``val/samples``
-(:mod:`rlpulse.producer.integrations.verl_samples`).
+(:mod:`rlpulse.producer.integrations.verl_samples`). The rollout servers verl starts are
+scraped around each generation and the driver logs their metrics per step
+(``rollout/engine/...``; :mod:`rlpulse.producer.integrations.verl_engines`).
 
 >>> from rlpulse.producer.integrations import verl as rlpulse_verl
 >>> # rlpulse_verl.register(); Tracking("proj", "run-1", ["console", "rlpulse"], config=cfg)
@@ -48,6 +50,7 @@ from typing import Any
 from rlpulse.producer.client import Producer
 from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
+from rlpulse.producer.integrations import verl_engines
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 from rlpulse.producer.integrations.verl_compat import check
 from rlpulse.producer.integrations.verl_loss import META_KEY, STEP_KEY, LossHook
@@ -203,16 +206,19 @@ class RlpulseBackend:
             worker_side += exact_names(dict(config or {}))
         self.stream = DriverStream(self.producer, worker_side=worker_side)
         self.generations = ValGenerations.open(project_name, experiment_name, self.producer)
+        self.engines = verl_engines.watch(self.producer)  # verl's rollout servers, per step
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl's ``Tracking.log`` calls this with every metric of a step."""
         self.stream.log(data, step)
+        verl_engines.step_logged()  # the step's generation is over
 
     def finish(self) -> None:
         """Send what is queued, wait for the collector's acknowledgement (at most
         ``rlpulse.producer.close_timeout_s``) and close. A step is emitted when the next one starts or
         here, when the driver says it is done."""
         self.generations.close()
+        verl_engines.stop()
         self.producer.close()
         stats = self.producer.stats()
         lost = stats["unacked"] + stats["dropped_send"]
@@ -250,6 +256,7 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
         hook.install()
         _LOSS_HOOK = hook
     install()  # verl's validation generations (verl_samples)
+    verl_engines.install()  # its rollout servers' metrics per step
     if _MARK in vars(Tracking):
         return
     original_init, original_finish = Tracking.__init__, Tracking.finish
@@ -293,6 +300,7 @@ def unregister() -> None:
         _LOSS_HOOK.uninstall()
         _LOSS_HOOK = None
     uninstall()
+    verl_engines.uninstall()
     originals = vars(Tracking).get(_MARK)
     if originals is None:
         return
