@@ -68,7 +68,13 @@ def test_a_repeated_name_keeps_the_first_value_and_is_counted(caplog) -> None:
         (4, {"loss": 4.0, "epoch": 0.75}),
     ]
     assert type(rec.calls[-1][0]) is int
-    assert stream.stats() == {"sent": 5, "not_numeric": 0, "repeated": 2, "worker_side": 0}
+    assert stream.stats() == {
+        "sent": 5,
+        "not_numeric": 0,
+        "repeated": 2,
+        "worker_side": 0,
+        "derived": 0,
+    }
     assert sum("loss logged twice at step 3" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -88,7 +94,26 @@ def test_worker_side_families_and_non_numbers_are_left_out() -> None:
         step=1,
     )
     assert rec.calls == [(1, {"critic/score/mean": 0.7})]
-    assert stream.stats() == {"sent": 1, "not_numeric": 2, "repeated": 0, "worker_side": 4}
+    assert stream.stats() == {
+        "sent": 1,
+        "not_numeric": 2,
+        "repeated": 0,
+        "worker_side": 4,
+        "derived": 0,
+    }
+
+
+def test_names_the_collector_derives_are_left_out() -> None:
+    """ROLL's driver logs system/samples (step x batch size) and system/tps: the collector
+    computes both from every rank and would refuse them (counted as dropped_names)."""
+    rec = Recorder()
+    stream = DriverStream(rec)
+    stream.log(
+        {M.SYSTEM_SAMPLES.name: 512.0, M.SYSTEM_TPS.name: 3e4, "critic/score/mean": 0.7},
+        step=2,
+    )
+    assert rec.calls == [(2, {"critic/score/mean": 0.7})]
+    assert stream.stats()["derived"] == 2
 
 
 def test_a_failing_producer_never_reaches_the_caller(caplog) -> None:

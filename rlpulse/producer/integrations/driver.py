@@ -13,7 +13,9 @@ processes). Merging such a number again would only pretend to be exact. So a
   ignored, one with another value is dropped and counted (``stats()["repeated"]``), never
   averaged with the first;
 * names the run logs exactly from its workers (``worker_side``) are left out, so the
-  framework's approximation never overwrites the exact value under the same name;
+  framework's approximation never overwrites the exact value under the same name; so are
+  names the collector derives itself from every rank (``system/tps``, ``system/samples``,
+  a histogram's quantiles: the catalog's ``derived``), which it would refuse;
 * anything that is not a single number (strings, tables, lists, None) is left out and counted.
 
 >>> class Recorder:
@@ -96,7 +98,8 @@ class DriverStream:
     (see the module docstring). ``log()`` never raises and never blocks.
 
     ``stats()`` counts what was sent and what was left out: ``sent`` (values), ``not_numeric``,
-    ``repeated`` (a second, different value for a name in one step), ``worker_side``.
+    ``repeated`` (a second, different value for a name in one step), ``worker_side``,
+    ``derived`` (names the collector computes).
     """
 
     def __init__(
@@ -108,9 +111,10 @@ class DriverStream:
     ) -> None:
         self.producer = producer
         self.worker_side = worker_side_names(worker_side, catalog)
+        self.catalog = catalog
         self._step: int | None = None
         self._sent: dict[str, Any] = {}
-        self._counts = {"sent": 0, "not_numeric": 0, "repeated": 0, "worker_side": 0}
+        self._counts = {"sent": 0, "not_numeric": 0, "repeated": 0, "worker_side": 0, "derived": 0}
         self._warned: set[str] = set()
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
@@ -127,6 +131,15 @@ class DriverStream:
             for name, value in data.items():
                 if name in self.worker_side:
                     self._counts["worker_side"] += 1
+                    continue
+                if self.catalog.resolve(name).derived:  # cached: one lookup per name
+                    self._counts["derived"] += 1
+                    self._warn(
+                        f"derived:{name}",
+                        f"{name} is computed by the collector from every rank; the "
+                        "framework's own value is left out",
+                        logging.INFO,
+                    )
                     continue
                 number = as_number(value)
                 if number is None:
