@@ -247,6 +247,11 @@ class Session:
                         f"another process registered as {ident.role}/{ident.rank} of this run "
                         "after this one"
                     )
+                elif key == "dropped_names":
+                    why = (
+                        "names it does not take: beyond its run's max_names_per_run, or "
+                        "computed by the collector itself (system/tps...): its log names them"
+                    )
                 else:
                     why = "it rejected their message as malformed: its log says why"
                 self.warn_once(

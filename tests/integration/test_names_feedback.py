@@ -11,7 +11,7 @@ from rlpulse.producer import Producer
 from tests.support.net import free_port
 
 
-def test_names_over_the_run_bound_show_in_the_producers_stats(tmp_path) -> None:
+def test_names_over_the_run_bound_show_in_the_producers_stats(tmp_path, caplog) -> None:
     out = tmp_path / "out.jsonl"
     config = {
         "track_with": ["jsonl"],
@@ -34,3 +34,5 @@ def test_names_over_the_run_bound_show_in_the_producers_stats(tmp_path) -> None:
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [len(r["metrics"]) >= 5 for r in records[:3]] == [True] * 3
     assert stats["dropped_names"] == 3 * 3, stats  # 3 names too many, in 3 entries
+    told = [r.getMessage() for r in caplog.records if "dropped_names" in r.getMessage()]
+    assert told and "max_names_per_run" in told[0] and "malformed" not in told[0], told
