@@ -166,6 +166,7 @@ def train(cfg: TrainerConfig) -> RunResult:
         workers = create_workers(cfg, address, weights)
         # The driver registers last, once every worker's producer has registered.
         producer = cfg.producer(address, DRIVER)
+        producer.run_config(_plain(to_dict(cfg)))  # the sinks' hyper-parameters
         result = RunResult()
         try:
             result = Driver(cfg, workers, producer, task).run()

@@ -95,6 +95,12 @@ def expected_names() -> tuple[set[str], dict[str, str]]:
                 "the policy server's (python -m rlpulse.trainer.serve), not the trainer's"
             )
             continue
+        if entry in (E.ENGINE_SERVERS, E.ENGINE_SERVERS_UNREAD):
+            excused[entry.name] = (
+                "engines read over HTTP (rlpulse.producer.enginewatch): the trainer's engine "
+                "is in its rollout worker's process"
+            )
+            continue
         if entry in E.ENTRIES and not VLLM:
             excused[entry.name] = "vLLM is not installed (make install adds it): HF rollouts"
             continue
@@ -282,3 +288,12 @@ def test_engine_metrics_are_the_steps_generation(run: dict[str, Any]) -> None:
         itl_count = sum(v.get(b, 0) for b in E.ENGINE_ITL.bucket_names)
         assert itl_count == v[E.ENGINE_GENERATION_TOKENS.name] - requests
         assert v[f"{E.ENGINE_E2E_LATENCY.name}/max"] >= v[f"{E.ENGINE_TTFT.name}/max"]
+
+
+def test_the_runs_config_is_recorded_with_its_steps(run: dict[str, Any]) -> None:
+    """The driver sends the resolved configuration (``Producer.run_config``): the first step's
+    jsonl line carries it, as the sinks record it as hyper-parameters."""
+    first = run["records"][0]
+    assert first["config"]["run"] == "catalog", sorted(first.get("config", {}))
+    assert first["config"]["ppo"]["epochs"] >= 1
+    assert all("config" not in r for r in run["records"][1:])
