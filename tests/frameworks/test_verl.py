@@ -440,7 +440,7 @@ def test_the_hook_logs_each_micro_batch_from_verls_own_tensors_and_reads_nothing
     with initialize_config_module("verl.trainer.config", version_base=None):
         config = compose("ppo_trainer", overrides=OVERRIDES)
     recorders = {"actor": Recorder(), "critic": Recorder()}
-    hook = verl_loss.LossHook(lambda role, run, address: recorders[role], lambda t: None)
+    hook = verl_loss.LossHook(lambda role, run, address: recorders[role])
     hook.install()
     try:
         stub_rollout_server_modules()
