@@ -11,16 +11,18 @@ None leaves the call unmeasured.
 * A call made while another wrapped call's phase is open in the same context (one worker
   method calling another: verl's ``update_actor`` calls its ``train_mini_batch``) is not a phase
   of its own; the outer call is the phase.
-* Plain and ``async def`` methods alike; the wrapper keeps the method's name, docstring and
-  attributes (``functools.wraps``: a framework's dispatch attributes, verl's ``@register``,
-  stay on it).
+* Plain and ``async def`` methods alike; the wrapper keeps the method's name, qualified name,
+  module, docstring and attributes (``functools.wraps``: a framework's dispatch attributes,
+  verl's ``@register``, stay on it). So cloudpickle pickles a wrapped method by reference
+  (its qualified name finds it), which matters on Ray: ``ray.remote(cls)`` copies the class's
+  methods in the process that calls it, and the copy reaches the actor's process by pickle;
+  by reference, it is the wrapper installed there, with that process's producers.
 * A framework that loads and unloads model state inside the call times it with
   :func:`load` (``with load("onload"): ...``): the open phase's ``part``, nothing otherwise.
 * Nothing here raises into the call: an error of ``describe`` is warned about once per
   wrapped method and the call runs unmeasured; the phase itself never raises (the call's own
   exception propagates unchanged).
 
->>> calls = []
 >>> def double(x):
 ...     return 2 * x
 >>> timed = as_phase(double, lambda x: None)  # describe: never a phase

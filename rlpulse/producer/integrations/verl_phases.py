@@ -18,6 +18,11 @@ their modules are imported, the worker methods verl's driver calls
   of rank ``i`` of ``agent.num_workers`` (verl names its ``i``-th agent loop worker
   ``agent_loop_worker_{i}_...``), the run from the worker's copy of verl's config.
 
+The classes are wrapped in every process of the job (the setup hook runs in each): verl's
+driver makes its agent loop workers' Ray actor class, which copies the class's methods then,
+after the hook, so the copy is the wrapper, which reaches each actor by reference to the one its
+own process installed.
+
 Rank and world size of the engine workers are their ``RANK`` and ``WORLD_SIZE``; their
 producers are the loss hook's (``verl.worker_producer``), one per role and process. verl's
 engines move the model and optimizer to the GPU when a call starts and back when it ends, when
@@ -34,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -175,10 +181,9 @@ class WorkerPhases:
     def _generate_call(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Call | None:
         step = batch.meta_info.get("global_steps")
         settings = logging_settings(worker.config)
-        if step is None or settings is None:
+        ray = sys.modules.get("ray")
+        if step is None or settings is None or ray is None or not ray.is_initialized():
             return None
-        import ray
-
         rank = agent_rank(ray.get_runtime_context().get_actor_name())
         if rank is None:
             self._warn("agent", "an agent loop worker verl did not name: generation not timed")
