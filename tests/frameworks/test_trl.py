@@ -30,6 +30,7 @@ from tests.frameworks.helpers import (
     readme_block,
     records,
     samples_supported,
+    spans,
 )
 from tests.support.net import free_port
 
@@ -40,6 +41,8 @@ LENGTH = M.RESPONSE_LENGTH.output_names()
 
 
 EXACT = ("loss", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+GENERATION = ("rollout/generate", "reward/compute_rewards")
+"""The phases of a process's training generation."""
 """What ``RlpulseCallback()`` logs per micro-batch for the example's GRPO (dapo, beta 0)."""
 
 
@@ -125,7 +128,7 @@ def test_grpo_in_one_process_matches_log_history(tmp_path, monkeypatch) -> None:
 
 def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
     run = "grpo-two"
-    with jsonl_collector(tmp_path) as (collector, out):
+    with jsonl_collector(tmp_path, trace=True) as (collector, out):
         env = {
             **os.environ,
             "RLPULSE_ADDRESS": collector.address,
@@ -176,6 +179,17 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
     assert (
         max(abs(d["entropy"]["trl"] - d["entropy"]["truth"]) for d in differences.values()) > 1e-4
     )
+    # Each process's generation and scoring (every 2 optimizer steps) and every optimizer
+    # step are phases of its own rank, at the step that first trains on them.
+    phases = {(s["phase"], s["rank"], s["step"]) for s in spans(tmp_path, run)}
+    expected = {(p, rank, step) for rank in (0, 1) for step in (1, 3) for p in GENERATION}
+    expected |= {("actor_train/train_step", rank, step) for rank in (0, 1) for step in got}
+    assert phases == expected, phases ^ expected
+    for step in (1, 3):  # two ranks ran each: the straggler's rank is one of them
+        for phase in GENERATION:
+            cluster, name = phase.split("/")
+            lag = M.STRAGGLER.format(cluster=cluster, phase=name, stat="slowest_rank")
+            assert got[step]["metrics"][lag] in (0.0, 1.0)
     if samples_supported():  # each process logs its own completions (TRL gathered them all)
         counts = {step: r["metrics"].get(M.ROLLOUT_SAMPLES.name) for step, r in got.items()}
         # A generation every 2 optimizer steps (PROOF: 4 micro-batches of 4 per generation and
