@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +66,39 @@ def spans(tmp_path: Path, run: str) -> list[dict]:
         for e in events
         if e.get("ph") == "X" and e.get("pid")
     ]
+
+
+@contextmanager
+def no_reads_from_rlpulse(modules: tuple[str, ...] = ("rlpulse.",)) -> Iterator[None]:
+    """Tensor reads (``.item()``, ``.tolist()``, ``float()``...) and collectives fail the test
+    when code of ``modules`` (rlpulse's, by default) makes them; the framework's own go
+    through."""
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    def guard(owner, name):
+        original = getattr(owner, name)
+
+        def checked(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith(modules):
+                pytest.fail(f"{caller} called {name}: the hook must not read tensors back")
+            return original(*args, **kwargs)
+
+        return owner, name, original, checked
+
+    guards = [
+        guard(torch.Tensor, m)
+        for m in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
+    ] + [guard(dist, m) for m in ("all_reduce", "all_gather", "broadcast", "barrier")]
+    for owner, name, _, checked in guards:
+        setattr(owner, name, checked)
+    try:
+        yield
+    finally:
+        for owner, name, original, _ in guards:
+            setattr(owner, name, original)
 
 
 INTEGRATIONS_DOC = "docs/integrations.md"

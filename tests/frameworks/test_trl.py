@@ -27,6 +27,7 @@ from rlpulse.schemas.reductions import Stat
 from tests.frameworks.grpo_job import ROOT, load_example, recording
 from tests.frameworks.helpers import (
     jsonl_collector,
+    no_reads_from_rlpulse,
     readme_block,
     records,
     samples_supported,
@@ -205,6 +206,35 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
             random_ranks |= {r["rank"] for r in samples["random"]}
             assert samples["top"][0]["reward"] >= samples["bottom"][0]["reward"]
         assert random_ranks == {0, 1}
+
+
+def test_the_phases_read_no_tensor_and_add_no_collective(tmp_path, monkeypatch) -> None:
+    """``RlpulseCallback``'s phases alone (``exact=False, samples=False``) on TRL's GRPO in one
+    process: every tensor read (``.item()``, ``.tolist()``...) and collective from rlpulse's
+    code fails the test while TRL trains; each step's generation, scoring and optimizer step
+    are still phases, at the step that trains on them."""
+    example = load_example()
+    run = "grpo-guarded"
+    with jsonl_collector(tmp_path, trace=True) as (collector, out):
+        monkeypatch.chdir(tmp_path)
+        callback = example.RlpulseCallback(
+            collector.address, run=run, exact=False, samples=False, config_dir=None
+        )
+        tokenizer = example.build_tokenizer()
+        trainer = example.GRPOTrainer(
+            model=example.tiny_model(tokenizer),
+            reward_funcs=example.reward_length,
+            args=example.grpo_config(str(tmp_path / "trainer"), steps=2),
+            train_dataset=example.prompts(),
+            processing_class=tokenizer,
+            callbacks=[callback],
+        )
+        with no_reads_from_rlpulse():
+            trainer.train()
+    assert sorted(records(out)) == [1, 2]
+    phases = {(s["phase"], s["rank"], s["step"]) for s in spans(tmp_path, run)}
+    expected = {(p, 0, step) for step in (1, 2) for p in (*GENERATION, "actor_train/train_step")}
+    assert phases == expected
 
 
 def readme_commands() -> list[str]:

@@ -205,7 +205,7 @@ def test_the_worker_hooks_read_no_tensor_and_add_no_collective(tmp_path, monkeyp
     from rlpulse.producer import Producer, ProducerConfig
     from rlpulse.producer.integrations.verl_phases import WorkerPhases
     from rlpulse.producer.integrations.verl_trainer import TrainerHook
-    from tests.frameworks.test_verl import no_reads_from_rlpulse
+    from tests.frameworks.helpers import no_reads_from_rlpulse
     from tests.frameworks.verl_loss_job import critic_config
     from tests.frameworks.verl_phase_job import (
         OVERRIDES,
