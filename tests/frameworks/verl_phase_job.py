@@ -167,17 +167,19 @@ class CpuEngine(BaseEngine):
 
 def make_batch(step: int) -> DataProto:
     """A step's batch after generation and scoring, in verl's padded layout: left-padded
-    prompts, right-padded responses, the engine's log-probs of the sampled tokens
+    prompts (two rollouts of each), right-padded responses, the engine's log-probs of the sampled tokens
     (``rollout_log_probs``), the model's (``policy_log_probs``: what the trainer's forward
     gives) and values, scores and advantages; the weights' version of each sample
     (``max_global_steps``), half of them a step behind."""
     g = torch.Generator().manual_seed(200 + step)
     response_len = torch.randint(1, RESPONSE + 1, (ROWS,), generator=g)
-    prompt_len = torch.randint(1, PROMPT + 1, (ROWS,), generator=g)
+    prompt_len = torch.randint(1, PROMPT + 1, (ROWS // 2,), generator=g).repeat_interleave(2)
     prompt_mask = (torch.arange(PROMPT) >= PROMPT - prompt_len[:, None]).long()
     response_mask = (torch.arange(RESPONSE) < response_len[:, None]).long()
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    prompts = torch.randint(4, 30, (ROWS, PROMPT), generator=g) * prompt_mask
+    # two rollouts of each prompt, as GRPO's n = 2 gives them
+    prompts = torch.randint(4, 30, (ROWS // 2, PROMPT), generator=g).repeat_interleave(2, 0)
+    prompts *= prompt_mask
     responses = torch.randint(4, 30, (ROWS, RESPONSE), generator=g) * response_mask
     policy = -torch.rand(ROWS, RESPONSE, generator=g) * 3
     scores = torch.zeros(ROWS, RESPONSE)

@@ -69,12 +69,20 @@ def _masked_means(values: Any, mask: Any) -> list[float | None]:
     return [m if n > 0 else None for m, n in zip(means.tolist(), counts.tolist(), strict=True)]
 
 
-def _texts(tokenizer: Any, ids: Any, mask: Any) -> list[str]:
-    rows = [
-        [t for t, keep in zip(row, keeps, strict=True) if keep]
-        for row, keeps in zip(ids.tolist(), mask.tolist(), strict=True)
-    ]
-    return list(tokenizer.batch_decode(rows, skip_special_tokens=True))
+def _texts(tokenizer: Any, ids: Any, lengths: Any, left: bool) -> list[str]:
+    """Each row's tokens decoded: the last ``length`` of it (``left``: verl left-pads its
+    prompts) or the first (its responses are right-padded); a token sequence that repeats (a
+    prompt's ``n`` rollouts) is decoded once. Pads are special tokens: a pad inside the span
+    decodes to nothing. Rows go to the tokenizer as numpy arrays, which transformers converts
+    in one call each (a list it checks element by element: several times the decode)."""
+    rows = np.asarray(ids.cpu())
+    width = rows.shape[-1]
+    spans = [rows[i, width - n :] if left else rows[i, :n] for i, n in enumerate(lengths.tolist())]
+    keys = [span.tobytes() for span in spans]
+    first = {key: i for i, key in reversed(list(enumerate(keys)))}
+    texts = tokenizer.batch_decode([spans[i] for i in first.values()], skip_special_tokens=True)
+    decoded = dict(zip(first, texts, strict=True))
+    return [decoded[key] for key in keys]
 
 
 def train_rows(
@@ -112,8 +120,8 @@ def train_rows(
             "response_length": int(length),
         }
         for prompt, response, score, advantage, length in zip(
-            _texts(tokenizer, prompts, attention[:, :width].bool()),
-            _texts(tokenizer, responses, answered),
+            _texts(tokenizer, prompts, attention[:, :width].sum(-1), left=True),
+            _texts(tokenizer, responses, answered.sum(-1), left=False),
             scores,
             advantages,
             lengths,
