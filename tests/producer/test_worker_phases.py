@@ -136,3 +136,23 @@ def test_the_calls_own_error_propagates_and_its_phase_is_still_sent(inbox, monke
     assert current() is None
     p.close()
     assert ("critic/compute_values", 1) in phase_times(inbox.receive(until=has_bye))
+
+
+def test_a_producer_that_cannot_open_phases_leaves_the_calls_unmeasured(
+    caplog, monkeypatch
+) -> None:
+    """A producer without phases (a recorder of ``log()`` calls in a test, say): the worker's
+    calls run as ever, warned about once."""
+
+    class LogOnly:
+        def log(self, data: dict, step: int) -> None:
+            pass
+
+    monkeypatch.setattr(
+        Worker, "infer", as_phase(Worker.infer, describe("actor/compute_log_probs"))
+    )
+    worker = Worker(LogOnly())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="rlpulse.integrations.phases"):
+        assert [worker.infer({"step": s}) for s in range(3)] == ["inferred"] * 3
+    warnings = [r for r in caplog.records if "runs without its phase" in r.getMessage()]
+    assert len(warnings) == 1 and worker.seen == [None, None, None]

@@ -107,6 +107,24 @@ def _call(describe: Describe, name: str, args: Any, kwargs: Any) -> Call | None:
         return None
 
 
+def _entered(call: Call, name: str) -> Phase | None:
+    """``call``'s phase, entered; None (warned once) when the producer cannot open it."""
+    try:
+        phase = call.producer.phase(call.infix, step=call.step)
+        phase.__enter__()
+        return phase
+    except Exception as exc:  # never into the worker's call
+        _warn_once(f"phase:{name}", f"{name} runs without its phase: {exc!r}")
+        return None
+
+
+def _exit(phase: Phase, name: str, exc: BaseException | None) -> None:
+    try:
+        phase.__exit__(type(exc) if exc is not None else None, exc, None)
+    except Exception as err:  # never into the worker's call
+        _warn_once(f"exit:{name}", f"{name}'s phase was not sent: {err!r}")
+
+
 def as_phase(method: F, describe: Describe) -> F:
     """``method`` (plain or ``async``), each call timed as the phase ``describe`` gives.
 
@@ -119,29 +137,37 @@ def as_phase(method: F, describe: Describe) -> F:
         @functools.wraps(method)
         async def async_phase(*args: Any, **kwargs: Any) -> Any:
             call = _call(describe, name, args, kwargs)
-            if call is None:
+            phase = None if call is None else _entered(call, name)
+            if phase is None:
                 return await method(*args, **kwargs)
-            phase = call.producer.phase(call.infix, step=call.step)
             token = _CURRENT.set(phase)
             try:
-                with phase:
-                    return await method(*args, **kwargs)
+                result = await method(*args, **kwargs)
+            except BaseException as exc:
+                _exit(phase, name, exc)
+                raise
             finally:
                 _CURRENT.reset(token)
+            _exit(phase, name, None)
+            return result
 
         return async_phase  # type: ignore[return-value]
 
     @functools.wraps(method)
     def in_phase(*args: Any, **kwargs: Any) -> Any:
         call = _call(describe, name, args, kwargs)
-        if call is None:
+        phase = None if call is None else _entered(call, name)
+        if phase is None:
             return method(*args, **kwargs)
-        phase = call.producer.phase(call.infix, step=call.step)
         token = _CURRENT.set(phase)
         try:
-            with phase:
-                return method(*args, **kwargs)
+            result = method(*args, **kwargs)
+        except BaseException as exc:
+            _exit(phase, name, exc)
+            raise
         finally:
             _CURRENT.reset(token)
+        _exit(phase, name, None)
+        return result
 
     return in_phase  # type: ignore[return-value]

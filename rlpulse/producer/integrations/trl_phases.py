@@ -165,11 +165,18 @@ class PhaseHook:
         """The optimizer step is over (``on_step_end``): its ``train_step`` phase ends."""
         phase, self._train = self._train, None
         if phase is not None:
-            phase.__exit__(None, None, None)
+            try:
+                phase.__exit__(None, None, None)
+            except Exception as exc:  # never into the training step
+                self._warn("train_step-end", f"an optimizer step's phase was not sent: {exc!r}")
 
     def _open_step(self, step: int) -> None:
-        phase = self.producer.phase(f"{ACTOR_TRAIN}/{TRAIN_STEP}", step=step)
-        phase.__enter__()
+        try:
+            phase = self.producer.phase(f"{ACTOR_TRAIN}/{TRAIN_STEP}", step=step)
+            phase.__enter__()
+        except Exception as exc:  # never into the training step
+            self._warn("train_step", f"optimizer steps are not timed: {exc!r}")
+            return
         self._train = phase
 
     def _engine_metrics(self, step: int) -> None:
