@@ -474,3 +474,31 @@ def test_rloo_entropy_and_loss_are_pooled_with_the_callback_alone(tmp_path) -> N
         for name in ("loss", "entropy"):
             truth = math.fsum(s[name][0] for s in seen) / sum(s[name][1] for s in seen)
             assert record["metrics"][name] == pytest.approx(truth, abs=1e-6), (step, name)
+
+
+def test_trls_next_engine_is_built_with_statistics_once(monkeypatch) -> None:
+    """``enable_engine_stats`` (the callback's ``on_init_end`` with ``vllm_mode="colocate"``):
+    TRL's next ``LLM(...)`` gets ``disable_log_stats=False`` unless it says otherwise, and the
+    name is TRL's own again after it; where TRL's module has no ``LLM`` (no vLLM), nothing.
+    A real engine through it: ``test_trl_vllm.py``."""
+    from trl.generation import vllm_generation
+
+    from rlpulse.producer.integrations.trl_phases import enable_engine_stats
+
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw), raising=False)
+    own = vllm_generation.LLM
+    enable_engine_stats()
+    vllm_generation.LLM(model="m", disable_log_stats=True)  # an explicit value is kept
+    vllm_generation.LLM(model="m")
+    assert built == [{"model": "m", "disable_log_stats": True}, {"model": "m"}]
+    assert vllm_generation.LLM is own
+    restore = enable_engine_stats()
+    vllm_generation.LLM(model="m")
+    assert built[-1] == {"model": "m", "disable_log_stats": False}
+    restore()  # unused: a no-op; used before it: the name back
+    enable_engine_stats()()
+    assert vllm_generation.LLM is own
+    monkeypatch.delattr(vllm_generation, "LLM")
+    enable_engine_stats()()  # no vLLM: nothing to do
+    assert not hasattr(vllm_generation, "LLM")
