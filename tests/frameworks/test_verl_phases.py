@@ -5,6 +5,7 @@ collector writing the jsonl record and the trace."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 
@@ -70,11 +71,12 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict:
             ]
             with initialize_config_module("verl.trainer.config", version_base=None):
                 config = compose("ppo_trainer", overrides=overrides)
+            ray_dir = tempfile.mkdtemp(prefix="rlpulse-ray-", dir="/tmp")  # short: Ray's sockets
             ray.init(
                 num_cpus=2,
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",
-                _temp_dir=tempfile.mkdtemp(prefix="rl48-", dir="/tmp"),
+                _temp_dir=ray_dir,
                 runtime_env={
                     "worker_process_setup_hook": rlpulse_verl.SETUP_HOOK,
                     "env_vars": {
@@ -96,6 +98,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 tracking.finish()
             finally:
                 ray.shutdown()
+                shutil.rmtree(ray_dir, ignore_errors=True)
     finally:
         rlpulse_verl.unregister()
     return {"records": records(out), "spans": spans(tmp, RUN), **result}
