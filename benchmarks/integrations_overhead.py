@@ -203,7 +203,7 @@ def verl_hook_cost(address: str, calls: int = 300) -> dict[str, float]:
         role: Producer(address, run=run, role=role, reductions=REDUCTIONS)
         for role in ("actor", "critic")
     }
-    hook = LossHook(lambda role, run, address: producers[role], lambda trainer: None)
+    hook = LossHook(lambda role, run, address: producers[role])
     timings = {}
     try:
         for label in ("plain", "hooked"):

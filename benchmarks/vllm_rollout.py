@@ -34,8 +34,8 @@ import torch
 from benchmarks.common import summarize, write_json
 from rlpulse.collector.launch import start_collector
 from rlpulse.producer import Producer
+from rlpulse.producer.vllm_stats import StepRecorder
 from rlpulse.trainer.config import ModelConfig, TaskConfig
-from rlpulse.trainer.engine_stats import StepRecorder
 from rlpulse.trainer.model import build_policy
 from rlpulse.trainer.rollout import encode_prompts, generate_hf
 from rlpulse.trainer.rollout_vllm import EngineSettings, VLLMEngine
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     manager = engine.llm.llm_engine.logger_manager
     timed = TimedRecorder()
     if manager is not None:
-        manager.stat_loggers.remove(engine.recorder)
-    engine.recorder = timed
+        manager.stat_loggers.remove(engine.stats.recorder)
+    engine.stats.recorder = timed
 
     with tempfile.TemporaryDirectory() as tmp:
         collector = start_collector(

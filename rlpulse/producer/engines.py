@@ -3,7 +3,7 @@ the parsing, the difference between two scrapes and the merge across servers.
 
 * :func:`parse` reads one scrape (the Prometheus text format, version 0.0.4, as vLLM's
   ``prometheus_client`` writes it; OpenMetrics text reads too) into a :class:`Reading`: the
-  counters vLLM's in-process path reads (``rlpulse.trainer.engine_stats.COUNTERS``) summed over
+  counters vLLM's in-process path reads (``rlpulse.producer.vllm_stats.COUNTERS``) summed over
   their labels, ``vllm:request_success`` by ``finished_reason``, the gauges
   (``engine_stats.GAUGES``, the largest over a server's engines) and the histograms
   (``engine_stats.HISTOGRAMS``: cumulative bucket counts, sum and count, summed over labels).
@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from rlpulse.producer.values import Fraction, Weighted
+from rlpulse.producer.vllm_stats import COUNTERS, FINISHED_REASON, GAUGES, HISTOGRAMS
 from rlpulse.schemas import engine as E
 from rlpulse.schemas.histogram import Histogram
-from rlpulse.trainer.engine_stats import COUNTERS, FINISHED_REASON, GAUGES, HISTOGRAMS
 
 SUCCESS = "vllm:request_success"
 """The counter of finished requests (in ``COUNTERS``), labelled by ``finished_reason``."""
@@ -225,7 +225,7 @@ class Window:
                 self.gauges[name] = max(self.gauges.get(name, -math.inf), value)
 
     def metrics(self) -> dict[str, Any]:
-        """``{catalog name: producer value}``: the names ``rlpulse.trainer.engine_stats``'s
+        """``{catalog name: producer value}``: the names ``rlpulse.producer.vllm_stats``'s
         in-process path logs, plus the requests by finish reason and the servers counted."""
         out: dict[str, Any] = {
             entry: round(self.counters.get(counter, 0.0)) for counter, entry in COUNTERS.items()

@@ -5,7 +5,7 @@ engine's ``/metrics`` at the two ends of the step's rollout, and log what change
 ``begin(step)`` just before the step's first request goes out, ``end(step)`` just after its
 last response came back (``with watch.window(step):`` does both). ``end`` logs, through
 ``producer``, the step's ``rollout/engine/...`` under the names the in-process path uses
-(``rlpulse.trainer.engine_stats``), merged exactly over the engines
+(``rlpulse.producer.vllm_stats``), merged exactly over the engines
 (:mod:`rlpulse.producer.engines`): counters as their change between the two scrapes (tokens,
 requests and requests by finish reason, preemptions, prefix-cache queries and hits),
 histograms as their change per bucket (time to first token, inter-token latency, end-to-end

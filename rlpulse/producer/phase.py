@@ -11,6 +11,12 @@ Inside ``with producer.phase("actor_train/train_step", step=s, onload=..., offlo
 body raises (the exception then propagates unchanged). Metric names come from the catalog's
 templates.
 
+A framework that loads state inside the work itself (verl's engines move the model to the GPU
+when a worker call starts and back when it ends) times those loads with
+``phase.part("onload")`` / ``phase.part("offload")`` around them: they count as the phase's
+onload and offload (host and GPU), the snapshots between them are taken there, and
+``execute`` is what is left.
+
 Host times say how long the caller was busy. On a GPU the host runs ahead of the device, so
 each boundary also records a CUDA event on the current stream (a few microseconds, never a
 synchronization) and the sender thread reports the device time between them once the last
@@ -23,7 +29,8 @@ GPU ``execute``. The end of a phase also has the sender read the GPUs through NV
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex
@@ -117,6 +124,11 @@ class Phase:
         self._offload = offload
         self._metrics: dict[str, float] = {}
         self._timer: PhaseTimer | None = None
+        self._inner = 0.0
+        """Seconds of the body's own loads (:meth:`part`), left out of ``execute``."""
+        self._work_ended = False
+        """Whether the end/onload snapshot was taken (at the body's first offload)."""
+        self._once: set[str] = set()
 
     def _gpu(self, when: str, state: str, fractions: bool = False) -> None:
         names = self._names
@@ -165,7 +177,7 @@ class Phase:
             t = time.perf_counter()
             self._onload()
             self._metrics[self._names.time("onload")] = time.perf_counter() - t
-            self._mark("onloaded")
+            self._mark_once("onloaded")
         try:
             self._gpu("start", "onload")
         except Exception as exc:
@@ -184,19 +196,17 @@ class Phase:
             if self._offload is not None:
                 self._offload()
             return
-        execute = time.perf_counter() - self._t_exec
+        execute = time.perf_counter() - self._t_exec - self._inner
         if self._offload is not None:
-            self._mark("executed")
-        try:
-            self._gpu("end", "onload", fractions=True)
-        except Exception as err:
-            self._hooks.error("phase probe", err)
+            self._mark_once("executed")
+        self._end_work()
         if self._offload is not None:
             t = time.perf_counter()
             try:
                 self._offload()
             finally:
-                self._metrics[names.time("offload")] = time.perf_counter() - t
+                key = names.time("offload")
+                self._metrics[key] = self._metrics.get(key, 0.0) + time.perf_counter() - t
         try:
             self._gpu("end", "offload")
             rss, vms = self._probe.cpu()
@@ -212,6 +222,60 @@ class Phase:
             self._hooks.emit(self._metrics, self._step, (timer,), times, phase=True)
         else:
             self._hooks.emit(self._metrics, self._step, phase=True)
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time an ``onload`` or ``offload`` the body does itself, as the phase's own: its
+        seconds add to ``time/.../onload`` (or ``offload``) and are left out of ``execute``;
+        the first onload's end and the first offload's start are the GPU boundaries and the
+        ``start/onload`` and ``end/onload`` snapshots. A no-op on a phase not measured.
+
+        >>> # with producer.phase("actor/train_step", step=s) as phase:
+        >>> #     with phase.part("onload"): model.to("cuda")
+        >>> #     train(); with phase.part("offload"): model.to("cpu")
+        """
+        if name not in ("onload", "offload"):
+            raise ValueError(f"a phase's part is onload or offload, not {name!r}")
+        names = self._names
+        if names is None:
+            yield
+            return
+        if name == "offload":
+            self._mark_once("executed")
+            self._end_work()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - t
+            self._inner += seconds
+            key = names.time(name)
+            self._metrics[key] = self._metrics.get(key, 0.0) + seconds
+            if name == "onload" and self._mark_once("onloaded"):
+                try:
+                    self._gpu("start", "onload")
+                except Exception as exc:
+                    self._hooks.error("phase probe", exc)
+
+    def _end_work(self) -> None:
+        """The end/onload snapshot (with fractions), once: at the body's first offload, or at
+        the end."""
+        if self._work_ended:
+            return
+        self._work_ended = True
+        try:
+            self._gpu("end", "onload", fractions=True)
+        except Exception as err:
+            self._hooks.error("phase probe", err)
+
+    def _mark_once(self, point: str) -> bool:
+        """:meth:`_mark` unless ``point`` was passed already; whether this is the first time
+        (also without a GPU timer: the host-side boundary is still this one)."""
+        if point in self._once:
+            return False
+        self._once.add(point)
+        self._mark(point)
+        return True
 
     def _mark(self, point: str) -> bool:
         """Record a timing marker; on a CUDA error give the timer up (counted)."""

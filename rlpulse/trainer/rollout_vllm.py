@@ -23,15 +23,9 @@ from typing import Any
 
 import torch
 
+from rlpulse.producer.vllm_stats import EngineStats, StepSamples
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.trainer.config import ModelConfig, RolloutConfig
-from rlpulse.trainer.engine_stats import (
-    StepRecorder,
-    StepSamples,
-    counter_deltas,
-    read_counters,
-    step_metrics,
-)
 
 ENGINE_ENV: dict[str, str] = {
     # The engine in this process (no EngineCore/worker processes): 2-3 s to start instead
@@ -214,11 +208,8 @@ class VLLMEngine:
             ": the engine keeps its memory between phases (onload/offload skipped)"
         )
         """One line for the user where sleep/wake_up are skipped (None where they run)."""
-        self.recorder = StepRecorder()
-        manager = self.llm.llm_engine.logger_manager
-        if manager is not None:  # the engine's stat loggers (present with log stats on)
-            manager.stat_loggers.append(self.recorder)
-        self._counters = read_counters(self.llm.get_metrics())
+        self.stats = EngineStats(self.llm)
+        """The engine's metrics per step (``rlpulse.producer.vllm_stats``)."""
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], temperature: float, top_p: float, greedy: bool
@@ -270,13 +261,11 @@ class VLLMEngine:
 
     def take_metrics(self) -> dict[str, Any]:
         """The engine's metrics since the last call, as ``{catalog name: producer value}``."""
-        return step_metrics(*self.take_raw())
+        return self.stats.take_metrics()
 
     def take_raw(self) -> tuple[dict[str, float], StepSamples]:
         """The counters' changes and the recorder's samples since the last call."""
-        now = read_counters(self.llm.get_metrics())
-        deltas, self._counters = counter_deltas(self._counters, now), now
-        return deltas, self.recorder.take()
+        return self.stats.take_raw()
 
     def sleep(self) -> None:
         """Release the KV cache and offload weights (vLLM sleep level 1) where supported."""

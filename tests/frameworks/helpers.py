@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,11 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def jsonl_collector(tmp_path: Path) -> Iterator[tuple[CollectorProcess, Path]]:
-    """A collector on a free loopback port with one ``jsonl`` tracker; stopped (SIGTERM,
+def jsonl_collector(tmp_path: Path, trace: bool = False) -> Iterator[tuple[CollectorProcess, Path]]:
+    """A collector on a free loopback port with one ``jsonl`` tracker (and, with ``trace``, a
+    ``trace`` tracker writing under ``tmp_path/traces``: :func:`spans`); stopped (SIGTERM,
     drained, exit 0 checked) when the block ends."""
     out = tmp_path / "metrics.jsonl"
-    config = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(out)}}}
+    config: dict = {"track_with": ["jsonl"], "tracker_kwargs": {"jsonl": {"path": str(out)}}}
+    if trace:
+        config["track_with"].append("trace")
+        config["tracker_kwargs"]["trace"] = {"dir": str(tmp_path / "traces")}
     log = (tmp_path / "collector.log").open("w")
     collector = start_collector(config, stderr=log, stdout=subprocess.DEVNULL)
     try:
@@ -37,6 +42,63 @@ def records(path: Path) -> dict[int, dict]:
     by_step = {r["step"]: r for r in lines}
     assert len(by_step) == len(lines), "a step was emitted twice"
     return by_step
+
+
+def spans(tmp_path: Path, run: str) -> list[dict]:
+    """The phase spans the ``trace`` tracker wrote for ``run``: ``{"role", "rank", "phase"
+    (cluster/phase), "step", "seconds"}`` each."""
+    from rlpulse.schemas.spans import trace_path
+
+    events = json.loads(trace_path(tmp_path / "traces", run).read_text())
+    roles = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("name") == "process_name" and e.get("pid")
+    }
+    return [
+        {
+            "role": roles[e["pid"]],
+            "rank": e["tid"],
+            "phase": e["args"]["phase"],
+            "step": e["args"]["step"],
+            "seconds": e["dur"] / 1e6,
+        }
+        for e in events
+        if e.get("ph") == "X" and e.get("pid")
+    ]
+
+
+@contextmanager
+def no_reads_from_rlpulse(modules: tuple[str, ...] = ("rlpulse.",)) -> Iterator[None]:
+    """Tensor reads (``.item()``, ``.tolist()``, ``float()``...) and collectives fail the test
+    when code of ``modules`` (rlpulse's, by default) makes them; the framework's own go
+    through."""
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    def guard(owner, name):
+        original = getattr(owner, name)
+
+        def checked(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith(modules):
+                pytest.fail(f"{caller} called {name}: the hook must not read tensors back")
+            return original(*args, **kwargs)
+
+        return owner, name, original, checked
+
+    guards = [
+        guard(torch.Tensor, m)
+        for m in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
+    ] + [guard(dist, m) for m in ("all_reduce", "all_gather", "broadcast", "barrier")]
+    for owner, name, _, checked in guards:
+        setattr(owner, name, checked)
+    try:
+        yield
+    finally:
+        for owner, name, original, _ in guards:
+            setattr(owner, name, original)
 
 
 INTEGRATIONS_DOC = "docs/integrations.md"

@@ -27,9 +27,11 @@ from rlpulse.schemas.reductions import Stat
 from tests.frameworks.grpo_job import ROOT, load_example, recording
 from tests.frameworks.helpers import (
     jsonl_collector,
+    no_reads_from_rlpulse,
     readme_block,
     records,
     samples_supported,
+    spans,
 )
 from tests.support.net import free_port
 
@@ -40,6 +42,8 @@ LENGTH = M.RESPONSE_LENGTH.output_names()
 
 
 EXACT = ("loss", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+GENERATION = ("rollout/generate", "reward/compute_rewards")
+"""The phases of a process's training generation."""
 """What ``RlpulseCallback()`` logs per micro-batch for the example's GRPO (dapo, beta 0)."""
 
 
@@ -129,7 +133,7 @@ def test_grpo_in_one_process_matches_log_history(tmp_path, monkeypatch) -> None:
 
 def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
     run = "grpo-two"
-    with jsonl_collector(tmp_path) as (collector, out):
+    with jsonl_collector(tmp_path, trace=True) as (collector, out):
         env = {
             **os.environ,
             "RLPULSE_ADDRESS": collector.address,
@@ -180,6 +184,17 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
     assert (
         max(abs(d["entropy"]["trl"] - d["entropy"]["truth"]) for d in differences.values()) > 1e-4
     )
+    # Each process's generation and scoring (every 2 optimizer steps) and every optimizer
+    # step are phases of its own rank, at the step that first trains on them.
+    phases = {(s["phase"], s["rank"], s["step"]) for s in spans(tmp_path, run)}
+    expected = {(p, rank, step) for rank in (0, 1) for step in (1, 3) for p in GENERATION}
+    expected |= {("actor_train/train_step", rank, step) for rank in (0, 1) for step in got}
+    assert phases == expected, phases ^ expected
+    for step in (1, 3):  # two ranks ran each: the straggler's rank is one of them
+        for phase in GENERATION:
+            cluster, name = phase.split("/")
+            lag = M.STRAGGLER.format(cluster=cluster, phase=name, stat="slowest_rank")
+            assert got[step]["metrics"][lag] in (0.0, 1.0)
     if samples_supported():  # each process logs its own completions (TRL gathered them all)
         counts = {step: r["metrics"].get(M.ROLLOUT_SAMPLES.name) for step, r in got.items()}
         # A generation every 2 optimizer steps (PROOF: 4 micro-batches of 4 per generation and
@@ -195,6 +210,35 @@ def test_grpo_in_two_processes_streams_every_rank(tmp_path) -> None:
             random_ranks |= {r["rank"] for r in samples["random"]}
             assert samples["top"][0]["reward"] >= samples["bottom"][0]["reward"]
         assert random_ranks == {0, 1}
+
+
+def test_the_phases_read_no_tensor_and_add_no_collective(tmp_path, monkeypatch) -> None:
+    """``RlpulseCallback``'s phases alone (``exact=False, samples=False``) on TRL's GRPO in one
+    process: every tensor read (``.item()``, ``.tolist()``...) and collective from rlpulse's
+    code fails the test while TRL trains; each step's generation, scoring and optimizer step
+    are still phases, at the step that trains on them."""
+    example = load_example()
+    run = "grpo-guarded"
+    with jsonl_collector(tmp_path, trace=True) as (collector, out):
+        monkeypatch.chdir(tmp_path)
+        callback = example.RlpulseCallback(
+            collector.address, run=run, exact=False, samples=False, config_dir=None
+        )
+        tokenizer = example.build_tokenizer()
+        trainer = example.GRPOTrainer(
+            model=example.tiny_model(tokenizer),
+            reward_funcs=example.reward_length,
+            args=example.grpo_config(str(tmp_path / "trainer"), steps=2),
+            train_dataset=example.prompts(),
+            processing_class=tokenizer,
+            callbacks=[callback],
+        )
+        with no_reads_from_rlpulse():
+            trainer.train()
+    assert sorted(records(out)) == [1, 2]
+    phases = {(s["phase"], s["rank"], s["step"]) for s in spans(tmp_path, run)}
+    expected = {(p, 0, step) for step in (1, 2) for p in (*GENERATION, "actor_train/train_step")}
+    assert phases == expected
 
 
 def readme_commands() -> list[str]:
@@ -434,3 +478,31 @@ def test_rloo_entropy_and_loss_are_pooled_with_the_callback_alone(tmp_path) -> N
         for name in ("loss", "entropy"):
             truth = math.fsum(s[name][0] for s in seen) / sum(s[name][1] for s in seen)
             assert record["metrics"][name] == pytest.approx(truth, abs=1e-6), (step, name)
+
+
+def test_trls_next_engine_is_built_with_statistics_once(monkeypatch) -> None:
+    """``enable_engine_stats`` (the callback's ``on_init_end`` with ``vllm_mode="colocate"``):
+    TRL's next ``LLM(...)`` gets ``disable_log_stats=False`` unless it says otherwise, and the
+    name is TRL's own again after it; where TRL's module has no ``LLM`` (no vLLM), nothing.
+    A real engine through it: ``test_trl_vllm.py``."""
+    from trl.generation import vllm_generation
+
+    from rlpulse.producer.integrations.trl_phases import enable_engine_stats
+
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw), raising=False)
+    own = vllm_generation.LLM
+    enable_engine_stats()
+    vllm_generation.LLM(model="m", disable_log_stats=True)  # an explicit value is kept
+    vllm_generation.LLM(model="m")
+    assert built == [{"model": "m", "disable_log_stats": True}, {"model": "m"}]
+    assert vllm_generation.LLM is own
+    restore = enable_engine_stats()
+    vllm_generation.LLM(model="m")
+    assert built[-1] == {"model": "m", "disable_log_stats": False}
+    restore()  # unused: a no-op; used before it: the name back
+    enable_engine_stats()()
+    assert vllm_generation.LLM is own
+    monkeypatch.delattr(vllm_generation, "LLM")
+    enable_engine_stats()()  # no vLLM: nothing to do
+    assert not hasattr(vllm_generation, "LLM")

@@ -8,9 +8,7 @@ import json
 import math
 import os
 import shlex
-import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 import yaml
@@ -27,7 +25,13 @@ from rlpulse.producer.integrations import verl as rlpulse_verl
 from rlpulse.schemas import metrics as M
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.reductions import Stat
-from tests.frameworks.helpers import ROOT, jsonl_collector, readme_block, records
+from tests.frameworks.helpers import (
+    ROOT,
+    jsonl_collector,
+    no_reads_from_rlpulse,
+    readme_block,
+    records,
+)
 from tests.frameworks.verl_job import driver_metrics
 
 
@@ -387,36 +391,6 @@ class Recorder:
         self.calls.append((step, dict(data)))
 
 
-@contextmanager
-def no_reads_from_rlpulse():
-    """Tensor reads (``.item()``, ``.tolist()``, ``float()``...) and collectives fail when
-    rlpulse's code makes them; verl's own go through."""
-    import torch.distributed as dist
-
-    def guard(owner, name):
-        original = getattr(owner, name)
-
-        def checked(*args, **kwargs):
-            caller = sys._getframe(1).f_globals.get("__name__", "")
-            if caller.startswith("rlpulse."):
-                pytest.fail(f"{caller} called {name}: the hook must not read tensors back")
-            return original(*args, **kwargs)
-
-        return owner, name, original, checked
-
-    guards = [
-        guard(torch.Tensor, m)
-        for m in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
-    ] + [guard(dist, m) for m in ("all_reduce", "all_gather", "broadcast", "barrier")]
-    for owner, name, _, checked in guards:
-        setattr(owner, name, checked)
-    try:
-        yield
-    finally:
-        for owner, name, original, _ in guards:
-            setattr(owner, name, original)
-
-
 def test_the_hook_logs_each_micro_batch_from_verls_own_tensors_and_reads_nothing_back() -> None:
     """verl's ``ppo_loss`` (bound as ``ActorRolloutRefWorker.init_model`` binds it) and
     ``value_loss`` on verl's micro-batches: each micro-batch's states equal verl's own values of
@@ -442,7 +416,7 @@ def test_the_hook_logs_each_micro_batch_from_verls_own_tensors_and_reads_nothing
     with initialize_config_module("verl.trainer.config", version_base=None):
         config = compose("ppo_trainer", overrides=OVERRIDES)
     recorders = {"actor": Recorder(), "critic": Recorder()}
-    hook = verl_loss.LossHook(lambda role, run, address: recorders[role], lambda t: None)
+    hook = verl_loss.LossHook(lambda role, run, address: recorders[role])
     hook.install()
     try:
         stub_rollout_server_modules()

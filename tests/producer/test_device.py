@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import numpy as np
 import pytest
@@ -220,6 +221,43 @@ def test_phase_reports_device_time_between_its_boundaries(inbox) -> None:
     assert (gpu("onload"), gpu("execute"), gpu("offload"), gpu("total")) == (0.5, 3.0, 0.25, 3.75)
     host = got[M.TIME_PHASE.format(cluster="actor_train", phase="train_step", part="execute")][0]
     assert host < 0.5
+
+
+def test_loads_the_body_does_itself_are_the_phases_onload_and_offload(inbox) -> None:
+    """verl's engines move the model inside the worker call: ``phase.part`` times those loads
+    as the phase's onload and offload, on the host and on the device, and execute is the rest."""
+    device, ops = fake_context(held=True)
+    p = Producer(
+        inbox.address, run="r", role="actor", device=device, config=ProducerConfig(gpu_sample_s=0)
+    )
+    with p.phase("actor/train_step", step=4) as phase:
+        ops.clock += 0.125  # queued before the load: on the device, before its end marker
+        with phase.part("onload"):
+            ops.clock += 0.5
+            time.sleep(0.05)
+        ops.clock += 3.0
+        with phase.part("offload"):
+            ops.clock += 0.25
+            time.sleep(0.03)
+    ops.release()
+    p.close()
+    got = by_name(inbox.receive(until=has_bye))
+
+    def host(part: str) -> float:
+        return got[M.TIME_PHASE.format(cluster="actor", phase="train_step", part=part)][0]
+
+    def gpu(part: str) -> float:
+        return got[M.TIME_PHASE_GPU.format(cluster="actor", phase="train_step", part=part)][0]
+
+    assert (gpu("onload"), gpu("execute"), gpu("offload"), gpu("total")) == (
+        0.625,
+        3.0,
+        0.25,
+        3.875,
+    )
+    assert host("onload") >= 0.05 and host("offload") >= 0.03
+    assert host("execute") < 0.03  # the loads are not the work
+    assert host("total") >= host("onload") + host("offload") + host("execute")
 
 
 def test_no_phase_timers_before_the_process_uses_its_gpu(inbox) -> None:

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.producer.engines import ParseError, Reading, Window, difference, merge, parse
 from rlpulse.producer.values import Fraction, Weighted
+from rlpulse.producer.vllm_stats import COUNTERS, GAUGES, HISTOGRAMS
 from rlpulse.schemas import engine as E
 from rlpulse.schemas.histogram import bucket_counts
 from rlpulse.schemas.metrics import CATALOG
-from rlpulse.trainer.engine_stats import COUNTERS, GAUGES, HISTOGRAMS
 
 DATA = Path(__file__).with_name("data") / "vllm-scrapes.json.gz"
 RECORDED = json.loads(gzip.decompress(DATA.read_bytes()))

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import torch
 
+from rlpulse.producer.vllm_stats import step_metrics
 from rlpulse.schemas import engine as E, metrics as m, sketch
 from rlpulse.trainer import emit
 from rlpulse.trainer.config import PPOConfig
-from rlpulse.trainer.engine_stats import step_metrics
 from rlpulse.trainer.model import build_policy
 from rlpulse.trainer.policy_trainer import PolicyTrainer
 from rlpulse.trainer.rollout import assemble_batch

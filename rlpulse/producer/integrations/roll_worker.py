@@ -39,7 +39,7 @@ from rlpulse.producer.client import Producer
 from rlpulse.producer.env import expected_roles_from_env
 from rlpulse.producer.integrations import roll_compat as C, roll_states as S
 from rlpulse.producer.integrations.onimport import OnImport
-from rlpulse.producer.integrations.phases import MARK, StepClock, as_phase
+from rlpulse.producer.integrations.phases import MARK, Call, StepClock, as_phase
 from rlpulse.producer.integrations.roll_settings import (
     RollSettings,
     resumes,
@@ -142,7 +142,22 @@ def infix_of(worker: Any, method: str) -> str | None:
 
 
 def _phase(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    return as_phase(method, name, producer_for, CLOCK, step_of, infix_of)
+    """``method`` of a ROLL worker, each call the phase ``infix_of`` names on the worker's own
+    producer, at the step the call carries, else the process's (``CLOCK``)."""
+
+    def describe(worker: Any, *args: Any, **kwargs: Any) -> Call | None:
+        producer = producer_for(worker)  # first: making it may start the clock
+        infix = infix_of(worker, name) if producer is not None else None
+        if producer is None or infix is None:
+            return None
+        step = CLOCK.step_for(step_of(args, kwargs))
+        if step is None:
+            CLOCK.counts["unstepped"] += 1
+            return None
+        CLOCK.counts["phases"] += 1
+        return Call(producer, infix, step)
+
+    return as_phase(method, describe)
 
 
 class WorkerHook:

@@ -22,6 +22,12 @@ reward, advantage, per-function rewards), as ``Samples`` under ``rollout/samples
 (:mod:`rlpulse.producer.integrations.trl_samples`): the collector keeps the step's best, worst
 and a uniform random few over every process.
 
+With ``phases=True`` (the default) every process also times its generations, their scoring
+and its optimizer steps as phases (``rollout/generate``, ``reward/compute_rewards``,
+``actor_train/train_step``: timelines, ``straggler/...``), and with vLLM in colocate mode logs
+the engine's own metrics of each generation as ``rollout/engine/...``
+(:mod:`rlpulse.producer.integrations.trl_phases`).
+
 With ``engines=True`` (the default), when TRL generates through a vLLM server
 (``vllm_mode="server"``), the main process logs that server's own metrics per step
 (``rollout/engine/...``: tokens, requests, latency histograms, KV cache), scraped around each
@@ -57,6 +63,7 @@ from rlpulse.producer.config import DEFAULT, ProducerConfig
 from rlpulse.producer.integrations import trl_engines
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 from rlpulse.producer.integrations.trl_loss import LossHook
+from rlpulse.producer.integrations.trl_phases import PhaseHook, enable_engine_stats
 from rlpulse.producer.integrations.trl_samples import SamplesHook
 
 log = logging.getLogger("rlpulse.integrations.trl")
@@ -78,6 +85,10 @@ class RlpulseCallback(TrainerCallback):
       ``GRPOTrainer`` and ``RLOOTrainer`` only).
     * ``engines``: in vLLM server mode, the main process logs the server's metrics per step
       (:mod:`~rlpulse.producer.integrations.trl_engines`; default True).
+    * ``phases``: time each process's generations, scoring and optimizer steps as phases, and
+      log its colocated vLLM engine's metrics per step
+      (:mod:`~rlpulse.producer.integrations.trl_phases`; default True; ``GRPOTrainer`` and
+      ``RLOOTrainer`` only).
     * ``worker_side``: metrics the processes log exactly themselves; the main process leaves
       TRL's value of them out (the ``exact`` names are added).
     * ``config_dir``: where the run's configuration (the training arguments and the model's
@@ -100,6 +111,7 @@ class RlpulseCallback(TrainerCallback):
         exact: bool = True,
         samples: bool = True,
         engines: bool = True,
+        phases: bool = True,
         worker_side: Iterable[str] = (),
         config_dir: str | None = "runs/{run}",
         producer_config: ProducerConfig = DEFAULT,
@@ -114,6 +126,7 @@ class RlpulseCallback(TrainerCallback):
         self.exact = exact
         self.samples = samples
         self.engines = engines
+        self.phases = phases
         self.worker_side = tuple(worker_side)
         self.config_dir = config_dir
         self.producer_config = producer_config
@@ -122,6 +135,8 @@ class RlpulseCallback(TrainerCallback):
         self._stream: DriverStream | None = None
         self._detach: list[Callable[[], None]] = []
         self._samples: SamplesHook | None = None
+        self._phases: PhaseHook | None = None
+        self._engine_stats_off: Callable[[], None] | None = None
         self.exact_names: tuple[str, ...] = ()
         """The names logged per micro-batch (empty until training begins, or not hooked)."""
         self.config_path: Path | None = None
@@ -139,6 +154,21 @@ class RlpulseCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ Trainer events
 
+    def on_init_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        # The end of transformers' Trainer.__init__, before TRL's GRPO/RLOO __init__ builds
+        # its colocated vLLM engine: have it keep the statistics its metrics need.
+        colocated = (
+            getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", "") == "colocate"
+        )
+        if self.phases and colocated and self._engine_stats_off is None:
+            self._engine_stats_off = enable_engine_stats()
+
     def on_train_begin(
         self,
         args: TrainingArguments,
@@ -149,7 +179,9 @@ class RlpulseCallback(TrainerCallback):
         if self._producer is not None:
             return
         run = self.run or args.run_name or Path(args.output_dir or "trl").name
-        trainer = self._trainer() if self.exact or self.samples or self.engines else None
+        trainer = (
+            self._trainer() if self.exact or self.samples or self.phases or self.engines else None
+        )
         hook = LossHook.for_trainer(trainer) if trainer is not None and self.exact else None
         self._producer = self._factory(
             self.address,
@@ -167,6 +199,12 @@ class RlpulseCallback(TrainerCallback):
         if self.samples and trainer is not None and SamplesHook.fits(trainer):
             self._samples = SamplesHook(self._producer)
             self._detach.append(self._samples.attach(trainer))
+        if self._engine_stats_off is not None:  # TRL built its engine (or never will)
+            self._engine_stats_off()
+            self._engine_stats_off = None
+        if self.phases and trainer is not None and PhaseHook.fits(trainer):
+            self._phases = PhaseHook(self._producer)
+            self._detach.append(self._phases.attach(trainer))
         if self.engines and trainer is not None:
             self._watch_engines(trainer, self._producer)
         if state.is_world_process_zero:
@@ -195,6 +233,16 @@ class RlpulseCallback(TrainerCallback):
         if self._producer is not None:
             self._producer.step_done(state.global_step)
 
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        if self._phases is not None:
+            self._phases.step_end()  # the optimizer step's train_step phase ends here
+
     def on_log(
         self,
         args: TrainingArguments,
@@ -216,6 +264,7 @@ class RlpulseCallback(TrainerCallback):
         detachers, self._detach = self._detach, []
         for detach in detachers:
             detach()
+        self._phases = None
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()

@@ -26,11 +26,17 @@ logs each training micro-batch's ``actor/pg_loss``, ``actor/pg_clipfrac``, ``act
 ``critic/vf_loss``, ``critic/vf_clipfrac``... as mergeable states, for the driver's step, and
 the driver leaves its own approximations of those names out (a mean over data-parallel ranks of
 each rank's micro-batch means). ``RLPULSE_VERL_EXACT=0`` in the job's environment turns that
-off. For metrics of your own, :func:`worker_producer` gives a verl worker its producer, and
-``rlpulse.trainer.rlpulse.worker_side`` names them so the driver leaves its approximation out.
-verl's validation generations (``trainer.log_val_generations=N``) go out as ``val/samples``
-(:mod:`rlpulse.producer.integrations.verl_samples`). The rollout servers verl starts are
-scraped around each generation and the driver logs their metrics per step
+off, and the rest below with it. For metrics of your own, :func:`worker_producer` gives a verl
+worker its producer, and ``rlpulse.trainer.rlpulse.worker_side`` names them so the driver leaves
+its approximation out. verl's validation generations (``trainer.log_val_generations=N``) go
+out as ``val/samples`` (:mod:`rlpulse.producer.integrations.verl_samples`).
+
+It also times every worker call verl's driver makes as a phase of its role on the rank that
+runs it (:mod:`~rlpulse.producer.integrations.verl_phases`: timelines, ``straggler/...``), and
+the driver logs each step's trained generations as ``rollout/samples`` and the rollout engine's
+log-probs against the trainer's as ``rollout/logprob_diff`` quantiles
+(:mod:`~rlpulse.producer.integrations.verl_trainer`). The rollout servers verl starts
+are scraped around each generation and the driver logs their metrics per step
 (``rollout/engine/...``; :mod:`rlpulse.producer.integrations.verl_engines`).
 
 >>> from rlpulse.producer.integrations import verl as rlpulse_verl
@@ -43,122 +49,47 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from rlpulse.producer.client import Producer
-from rlpulse.producer.config import ProducerConfig
 from rlpulse.producer.env import EXPECTED_ROLES_VAR, expected_roles_from_env
 from rlpulse.producer.integrations import verl_engines
 from rlpulse.producer.integrations.driver import DriverStream, save_run_config
 from rlpulse.producer.integrations.verl_compat import check
-from rlpulse.producer.integrations.verl_loss import META_KEY, STEP_KEY, LossHook
+from rlpulse.producer.integrations.verl_loss import LossHook
+from rlpulse.producer.integrations.verl_meta import META_KEY, STEP_KEY, batch_meta as _batch_meta
+from rlpulse.producer.integrations.verl_phases import WorkerPhases
 from rlpulse.producer.integrations.verl_samples import ValGenerations, install, uninstall
+from rlpulse.producer.integrations.verl_settings import BACKEND, SECTION, VerlSettings
 from rlpulse.producer.integrations.verl_states import REDUCTIONS, exact_names
+from rlpulse.producer.integrations.verl_trainer import TrainerHook
 from rlpulse.schemas.errors import ConfigError
 
 log = logging.getLogger("rlpulse.integrations.verl")
 
-BACKEND = "rlpulse"
-"""The name to put in ``rlpulse.trainer.logger``."""
-SECTION = "rlpulse.trainer.rlpulse"
-"""Where verl's config holds this backend's settings."""
+__all__ = [
+    "BACKEND",
+    "META_KEY",
+    "SECTION",
+    "STEP_KEY",
+    "RlpulseBackend",
+    "VerlSettings",
+    "batch_meta",
+    "register",
+    "unregister",
+    "worker_producer",
+]
 RUN_VAR = "RLPULSE_RUN"
 """The run name a worker's producer logs under (set it to ``rlpulse.trainer.experiment_name``)."""
 EXACT_VAR = "RLPULSE_VERL_EXACT"
-"""``0`` (or ``false``): :func:`register` leaves verl's loss functions alone; the driver then
-sends verl's own values of its loss metrics."""
+"""``0`` (or ``false``): :func:`register` leaves verl's code alone (its loss functions, driver
+and worker methods): the driver then sends verl's own values of its loss metrics, and no
+phases, training samples or mismatch are logged."""
 DRIVER_DECLARED = "driver=1"
 """What :func:`register` puts in ``RLPULSE_EXPECTED_ROLES`` when it is unset: the run has a
 ``driver`` (the ``Tracking`` backend's default role) of world size 1."""
 _MARK = "_rlpulse_originals"
-
-
-@dataclass(frozen=True)
-class VerlSettings:
-    """The ``rlpulse.trainer.rlpulse`` section of verl's config; every key is optional.
-
-    * ``address``: the collector (default: ``RLPULSE_ADDRESS``, then ``tcp://127.0.0.1:5555``).
-    * ``run``: the run name (default: ``rlpulse.trainer.experiment_name``).
-    * ``role``: the driver's role (default ``driver``).
-    * ``expected_roles``: role -> world size of the roles whose workers log too
-      (``{actor_train: 8}``); the collector then waits for them at every step.
-    * ``worker_side``: metrics the workers log exactly; the driver leaves its own value of
-      them out (a catalog family such as ``critic/advantages`` covers its ``/mean``, ``/max``,
-      ``/min``). The loss metrics the setup hook makes exact are added by themselves.
-    * ``config_dir``: where verl's resolved config is saved as ``config.yaml`` (it is sent to
-      the collector too, ``Producer.run_config``, whose sinks record it), with ``{run}``
-      filled in (default ``runs/{run}``, relative to the driver's working directory; null: not
-      saved).
-    * ``producer``: :class:`~rlpulse.producer.config.ProducerConfig` fields (``{close_timeout_s: 5}``).
-
-    >>> VerlSettings.from_config({"trainer": {"rlpulse": {"role": "ppo_driver"}}}, "exp").run
-    'exp'
-    """
-
-    run: str
-    address: str | None = None
-    role: str = "driver"
-    expected_roles: Mapping[str, int] = field(default_factory=dict)
-    worker_side: tuple[str, ...] = ()
-    config_dir: str | None = "runs/{run}"
-    producer: ProducerConfig = field(default_factory=ProducerConfig)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None, experiment_name: str) -> VerlSettings:
-        """Read and check ``rlpulse.trainer.rlpulse``; ConfigError naming the field if it is wrong."""
-        trainer = (config or {}).get("trainer") or {}
-        section = trainer.get("rlpulse") if isinstance(trainer, Mapping) else None
-        section = {} if section is None else section
-        if not isinstance(section, Mapping):
-            raise ConfigError(SECTION, "must be a mapping of settings", section)
-        known = {f.name for f in fields(cls)}
-        for key in section:
-            if key not in known:
-                raise ConfigError(
-                    f"{SECTION}.{key}", f"unknown setting; expected one of {sorted(known)}"
-                )
-        run = section.get("run", experiment_name)
-        for key in ("run", "role"):
-            value = run if key == "run" else section.get(key, "driver")
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"{SECTION}.{key}", "must be a non-empty string", value)
-        address = section.get("address")
-        if address is not None and (not isinstance(address, str) or not address):
-            raise ConfigError(f"{SECTION}.address", "must be a collector address", address)
-        expected = section.get("expected_roles") or {}
-        if not isinstance(expected, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
-            for k, v in expected.items()
-        ):
-            raise ConfigError(
-                f"{SECTION}.expected_roles", "must map role names to world sizes >= 1", expected
-            )
-        worker_side = section.get("worker_side") or ()
-        if isinstance(worker_side, str) or not all(isinstance(n, str) for n in worker_side):
-            raise ConfigError(
-                f"{SECTION}.worker_side", "must be a list of metric names", worker_side
-            )
-        config_dir = section.get("config_dir", cls.config_dir)
-        if config_dir is not None and not isinstance(config_dir, str):
-            raise ConfigError(f"{SECTION}.config_dir", "must be a path or null", config_dir)
-        producer = section.get("producer") or {}
-        try:
-            producer_config = ProducerConfig(**dict(producer))
-        except ConfigError as exc:
-            raise ConfigError(f"{SECTION}.producer.{exc.field}", exc.problem, exc.value) from None
-        except TypeError as exc:  # an unknown field
-            raise ConfigError(f"{SECTION}.producer", str(exc), dict(producer)) from None
-        return cls(
-            run=run,
-            address=address,
-            role=section.get("role", "driver"),
-            expected_roles=dict(expected),
-            worker_side=tuple(worker_side),
-            config_dir=config_dir,
-            producer=producer_config,
-        )
 
 
 class RlpulseBackend:
@@ -243,8 +174,9 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
 
     Unless ``RLPULSE_VERL_EXACT=0``, it also installs the exact loss hook
     (:mod:`~rlpulse.producer.integrations.verl_loss`) in this process, before verl's workers
-    bind their loss functions; on a verl version the hook does not fit it raises ConfigError
-    naming the version (so the Ray job stops at start-up).
+    bind their loss functions, the driver's hook (``verl_trainer``) and the workers' phases
+    (``verl_phases``); on a verl version the hooks do not fit it raises ConfigError naming the
+    version (so the Ray job stops at start-up).
     """
     from verl.utils.tracking import Tracking
 
@@ -252,9 +184,10 @@ def register(environ: MutableMapping[str, str] = os.environ) -> None:
     environ.setdefault(EXPECTED_ROLES_VAR, DRIVER_DECLARED)
     if _LOSS_HOOK is None and environ.get(EXACT_VAR, "1").strip().lower() not in ("0", "false"):
         check()
-        hook = LossHook(producer_for=_hook_producer, batch_meta=batch_meta)
-        hook.install()
-        _LOSS_HOOK = hook
+        hooks = (LossHook(_hook_producer), TrainerHook(), WorkerPhases(_hook_producer))
+        for hook in hooks:
+            hook.install()
+        _LOSS_HOOK, _HOOKS[:] = hooks[0], hooks
     install()  # verl's validation generations (verl_samples)
     verl_engines.install()  # its rollout servers' metrics per step
     if _MARK in vars(Tracking):
@@ -296,9 +229,9 @@ def unregister() -> None:
     from verl.utils.tracking import Tracking
 
     global _LOSS_HOOK
-    if _LOSS_HOOK is not None:
-        _LOSS_HOOK.uninstall()
-        _LOSS_HOOK = None
+    while _HOOKS:
+        _HOOKS.pop().uninstall()
+    _LOSS_HOOK = None
     uninstall()
     verl_engines.uninstall()
     originals = vars(Tracking).get(_MARK)
@@ -312,6 +245,8 @@ def unregister() -> None:
 
 _LOSS_HOOK: LossHook | None = None
 """The exact loss hook :func:`register` installed in this process, if any."""
+_HOOKS: list[Any] = []
+"""Every hook :func:`register` installed in this process (the loss hook first)."""
 
 
 SETUP_HOOK = f"{__name__}.register"
@@ -333,30 +268,22 @@ def workers_hooked() -> bool:
 
 def batch_meta(trainer: Any) -> dict[str, Any]:
     """What verl's driver (``trainer``, its ``RayPPOTrainer``) adds to the batch of an actor or
-    critic update for the hooked workers: the step, the run and the collector's address, when
-    the ``rlpulse`` backend is one of ``trainer.logger`` (else only that it is not: the workers
-    then log nothing)."""
-    from omegaconf import OmegaConf
+    critic update for the hooked workers (``verl_meta.batch_meta``): the step, the run and the
+    collector's address, when the ``rlpulse`` backend is one of ``trainer.logger`` (else only
+    that it is not: the workers then log nothing)."""
+    return _batch_meta(trainer.config, trainer.global_steps)
 
-    config = trainer.config
-    logger = config.trainer.logger
-    if BACKEND not in ([logger] if isinstance(logger, str) else list(logger or ())):
-        return {META_KEY: {"step": None}}
-    section = config.trainer.get("rlpulse")
-    if OmegaConf.is_config(section):
-        section = OmegaConf.to_container(section, resolve=True)
-    settings = VerlSettings.from_config(
-        {"trainer": {"rlpulse": section}}, config.trainer.experiment_name
+
+def _hook_producer(
+    role: str,
+    run: str | None,
+    address: str | None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> Producer:
+    return worker_producer(
+        role, run=run, address=address, reductions=REDUCTIONS, rank=rank, world_size=world_size
     )
-    step = int(trainer.global_steps)
-    return {
-        STEP_KEY: step,
-        META_KEY: {"step": step, "run": settings.run, "address": settings.address},
-    }
-
-
-def _hook_producer(role: str, run: str | None, address: str | None) -> Producer:
-    return worker_producer(role, run=run, address=address, reductions=REDUCTIONS)
 
 
 _WORKER_PRODUCERS: dict[tuple[str, str, int, int], Producer] = {}
@@ -369,6 +296,8 @@ def worker_producer(
     run: str | None = None,
     address: str | None = None,
     reductions: Mapping[str, str] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
     environ: Mapping[str, str] = os.environ,
     producer_factory: Callable[..., Producer] = Producer,
 ) -> Producer:
@@ -381,7 +310,8 @@ def worker_producer(
     roles it declares from ``RLPULSE_EXPECTED_ROLES`` (``driver=1`` after :func:`register`).
     ``reductions`` declares names outside the catalog (``{"actor/pg_clipfrac": "fraction"}``).
     ``run`` and ``address``, when given, override ``RLPULSE_RUN`` and ``RLPULSE_ADDRESS`` (the
-    loss hook passes the driver's, which travel with the batch).
+    loss hook passes the driver's, which travel with the batch); ``rank`` and ``world_size``
+    override ``RANK`` and ``WORLD_SIZE`` (a worker verl starts without them: its agent loop's).
 
     >>> # p = worker_producer("actor_train", reductions={"actor/pg_clipfrac": "fraction"})
     >>> # p.log({"actor/pg_clipfrac": Fraction(clipped, tokens)}, step=global_steps)
@@ -390,7 +320,8 @@ def worker_producer(
     if not run:
         raise ConfigError(RUN_VAR, "must name the run (the driver's trainer.experiment_name)")
     try:
-        rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        if rank is None or world_size is None:
+            rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
     except (KeyError, ValueError) as exc:
         raise ConfigError(
             "RANK/WORLD_SIZE", "not set: call worker_producer() inside a verl worker", str(exc)

@@ -15,14 +15,15 @@ verl's names, for the driver's ``global_steps``, the states ``verl_states`` list
 
 No collective, no copy to the host, no ``.item()``: the states are tensors the producer reduces
 later. The step and the run travel with the batch: the driver's ``_update_actor`` and
-``_update_critic`` put them into the batch's meta data (``rlpulse``, and ``global_steps``),
-which verl hands to every micro-batch. The functions are wrapped as their modules are imported
-(``verl_compat.OnImport``), so a Ray process that never trains pays no import. What they
-compute is verl's code: the verl versions the hook was tested with and the signatures it
-wraps are checked in ``verl_compat``; the states' maths, which needs no verl, is ``verl_states``.
-``actor/entropy`` needs no hook: verl 0.9's driver computes it over the whole batch.
+``_update_critic`` put them into the batch's meta data (``rlpulse``, and ``global_steps``:
+``verl_trainer``), which verl hands to every micro-batch. The functions are wrapped as their
+modules are imported (``verl_compat.OnImport``), so a Ray process that never trains pays no
+import. What they compute is verl's code: the verl versions the hook was tested with and the
+signatures it wraps are checked in ``verl_compat``; the states' maths, which needs no verl, is
+``verl_states``. ``actor/entropy`` needs no hook: verl 0.9's driver computes it over the whole
+batch.
 
->>> # hook = LossHook(producer_for, batch_meta); hook.install() ... hook.uninstall()
+>>> # hook = LossHook(producer_for); hook.install() ... hook.uninstall()
 """
 
 from __future__ import annotations
@@ -37,14 +38,8 @@ from functools import wraps
 from types import ModuleType
 from typing import Any, Protocol
 
-from rlpulse.producer.integrations.verl_compat import (
-    LOSSES,
-    TRAINER_METHODS,
-    TRAINERS,
-    OnImport,
-    check_losses,
-    check_trainer,
-)
+from rlpulse.producer.integrations.verl_compat import LOSSES, OnImport, check_losses
+from rlpulse.producer.integrations.verl_meta import META_KEY, non_tensor
 from rlpulse.producer.integrations.verl_states import (
     ACTOR_ROLE,
     CRITIC_ROLE,
@@ -57,13 +52,6 @@ from rlpulse.producer.integrations.verl_states import (
 )
 
 log = logging.getLogger("rlpulse.integrations.verl")
-
-STEP_KEY = "global_steps"
-"""The batch meta data key the driver's step also travels under (verl's own name for it), for
-loss code of your own."""
-META_KEY = "rlpulse"
-"""The batch meta data key of what the hooked workers read: ``{"step", "run", "address"}``;
-``step`` None when the driver has no ``rlpulse`` backend (the workers then log nothing)."""
 
 
 class Sink(Protocol):
@@ -88,30 +76,18 @@ _SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("rlpulse_v
 _MARK = "_rlpulse_loss_hook"
 
 
-def _non_tensor(data: Any, key: str) -> Any:
-    from verl.utils import tensordict_utils as tu
-
-    return tu.get_non_tensor_data(data=data, key=key, default=None)
-
-
 class LossHook:
-    """Wraps verl's loss functions (and its driver's actor and critic updates) in this process.
+    """Wraps verl's loss functions in this process.
 
     ``producer_for(role, run, address)`` gives the producer a micro-batch's states go to
-    (``worker_producer`` by default); ``batch_meta(trainer)`` gives the driver's meta data for
-    the batch of an update (the step, the run) or None to leave the batch as it is.
+    (``worker_producer`` by default).
 
-    >>> # hook = LossHook(lambda role, run, address: producer, lambda trainer: None)
+    >>> # hook = LossHook(lambda role, run, address: producer)
     >>> # hook.install(); ... verl trains ...; hook.uninstall()
     """
 
-    def __init__(
-        self,
-        producer_for: ProducerFor,
-        batch_meta: Callable[[Any], Mapping[str, Any] | None],
-    ) -> None:
+    def __init__(self, producer_for: ProducerFor) -> None:
         self.producer_for = producer_for
-        self.batch_meta = batch_meta
         self._undo: list[tuple[Any, str, Any]] = []
         self._warned: set[str] = set()
         self._on_import: OnImport | None = None
@@ -120,20 +96,13 @@ class LossHook:
     # ---------------------------------------------------------------- install / uninstall
 
     def install(self) -> None:
-        """Wrap verl's functions in this process: its loss functions and its driver's trainer
-        classes, now where their modules are imported, else as soon as they are (before any
-        other module binds them by name: ``engine_workers`` binds ``ppo_loss`` at its import).
-        Importing them here would cost every process of a Ray job, vLLM servers included,
-        verl's training imports. A second install does nothing."""
+        """Wrap verl's loss functions in this process, now where their module is imported,
+        else as soon as it is (before any other module binds them by name: ``engine_workers``
+        binds ``ppo_loss`` at its import). Importing it here would cost every process of a Ray
+        job, vLLM servers included, verl's training imports. A second install does nothing."""
         if self._on_import is None:
-            self._on_import = OnImport((LOSSES, *TRAINERS), self._wrap_module)
+            self._on_import = OnImport((LOSSES,), self._wrap_losses)
             self._on_import.install()
-
-    def _wrap_module(self, module: ModuleType) -> None:
-        if module.__name__ == LOSSES:
-            self._wrap_losses(module)
-        else:
-            self._wrap_trainer(module)
 
     def _wrap_losses(self, losses: ModuleType) -> None:
         if getattr(losses.ppo_loss, _MARK, False):
@@ -176,45 +145,6 @@ class LossHook:
         self._undo.append((owner, name, vars(owner)[name]))
         setattr(owner, name, value)
 
-    def _wrap_trainer(self, module: ModuleType) -> None:
-        cls = getattr(module, TRAINERS[module.__name__], None)
-        if not isinstance(cls, type) or getattr(vars(cls).get("_update_actor"), _MARK, False):
-            return
-        check_trainer(cls)
-        for method in TRAINER_METHODS:
-            self._set(cls, method, self._update(vars(cls)[method]))
-
-    # ---------------------------------------------------------------- the driver: the step
-
-    def _update(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """The driver's ``_update_actor`` / ``_update_critic``: the step (and run) ride in the
-        batch's meta data (``meta_info``, or ``extra_info`` on verl's v1 trainer), which verl
-        turns into every micro-batch's non-tensor data; removed again after the update."""
-        hook = self
-
-        @wraps(original)
-        def update(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            info: Any = getattr(batch, "meta_info", None)  # a dict, where keys are added
-            if not isinstance(info, dict):
-                info = getattr(batch, "extra_info", None)
-            added: list[str] = []
-            try:
-                meta = hook.batch_meta(self) if isinstance(info, dict) else None
-                for key, value in (meta or {}).items():
-                    if key not in info and value is not None:
-                        info[key] = value
-                        added.append(key)
-            except Exception as exc:  # never into verl's step
-                hook._warn("meta", f"the step could not be passed to the workers: {exc!r}")
-            try:
-                return original(self, batch, *args, **kwargs)
-            finally:
-                for key in added:
-                    info.pop(key, None)
-
-        setattr(update, _MARK, True)
-        return update
-
     # ---------------------------------------------------------------- the workers
 
     def _outer(self, original: Callable[..., Any], role: str) -> Callable[..., Any]:
@@ -246,7 +176,7 @@ class LossHook:
 
         if not torch.is_grad_enabled():  # a forward-only pass (log probs, values)
             return None
-        meta = _non_tensor(data, META_KEY)
+        meta = non_tensor(data, META_KEY)
         if meta is None:
             self._warn(
                 f"step:{role}",

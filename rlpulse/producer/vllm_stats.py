@@ -1,4 +1,6 @@
-"""The vLLM engine's own metrics over one training step, as catalog values.
+"""The vLLM engine's own metrics over one training step, as catalog values, for any trainer
+whose engine runs in its own process (``vllm.LLM``): the demo trainer's rollout worker, TRL's
+colocate mode. :class:`EngineStats` measures one such engine step by step.
 
 Two sources, both the engine's own numbers:
 
@@ -12,7 +14,11 @@ Two sources, both the engine's own numbers:
 
 :func:`step_metrics` turns both into ``{catalog name: producer value}``. Nothing here imports
 vLLM: the recorder has the methods vLLM's ``StatLoggerManager`` calls, and the counters are
-read from the ``Metric`` objects ``get_metrics()`` returns.
+read from the ``Metric`` objects ``get_metrics()`` returns. Both need the engine's statistics
+on, which ``vllm.LLM`` turns off unless built with ``disable_log_stats=False``.
+
+An engine served over HTTP (``vllm serve``) is measured from its ``/metrics`` instead, under
+the same names.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlpulse.producer import Fraction
+from rlpulse.producer.values import Fraction
 from rlpulse.schemas import engine as E
 from rlpulse.schemas.histogram import Histogram
 
@@ -174,3 +180,48 @@ def step_metrics(deltas: Mapping[str, float], samples: StepSamples) -> dict[str,
     for name, histogram in HISTOGRAMS.items():
         out.update(histogram.observe(getattr(samples, HISTOGRAM_COUNTS[name])))
     return out
+
+
+class StatsOff(RuntimeError):
+    """The engine was built with its statistics off (``vllm.LLM``'s default): nothing to read."""
+
+
+class EngineStats:
+    """One in-process vLLM engine (a ``vllm.LLM``), measured step by step: a
+    :class:`StepRecorder` among its stat loggers, and its counters read at each take.
+    :class:`StatsOff` when the engine keeps no statistics (build it with
+    ``disable_log_stats=False``).
+
+    One per process and engine: vLLM's Prometheus registry, which ``get_metrics()`` reads, is
+    global to the process, and a second engine's start replaces the first's counters there.
+
+    >>> # stats = EngineStats(llm); llm.generate(...); producer.log(stats.take_metrics(), step)
+    """
+
+    def __init__(self, llm: Any) -> None:
+        manager = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+        if manager is None:
+            raise StatsOff(
+                "the vLLM engine keeps no statistics (vllm.LLM's disable_log_stats is True by "
+                "default): build it with disable_log_stats=False"
+            )
+        self.llm = llm
+        self.recorder = StepRecorder()
+        self._manager = manager
+        manager.stat_loggers.append(self.recorder)
+        self._counters = read_counters(llm.get_metrics())
+
+    def take_raw(self) -> tuple[dict[str, float], StepSamples]:
+        """The counters' changes and the recorder's samples since the last take."""
+        now = read_counters(self.llm.get_metrics())
+        deltas, self._counters = counter_deltas(self._counters, now), now
+        return deltas, self.recorder.take()
+
+    def take_metrics(self) -> dict[str, Any]:
+        """The engine's metrics since the last take, as ``{catalog name: producer value}``."""
+        return step_metrics(*self.take_raw())
+
+    def detach(self) -> None:
+        """Stop recording (the engine keeps running)."""
+        if self.recorder in self._manager.stat_loggers:
+            self._manager.stat_loggers.remove(self.recorder)
