@@ -24,7 +24,7 @@ from rlpulse.producer.config import DEFAULT, FLUSH_TIMEOUT_S, ProducerConfig
 from rlpulse.producer.cuda import cuda_context
 from rlpulse.producer.deferred import DeviceValue, Pending
 from rlpulse.producer.device import DeviceContext
-from rlpulse.producer.encode import INVALID, NUMBERS, Encoder
+from rlpulse.producer.encode import INVALID, PASSED, Encoder
 from rlpulse.producer.env import (
     curve_from_env,
     default_address,
@@ -263,7 +263,7 @@ class Producer:
             host: list[str] = []
             pending, incomplete = 0, False
             for name, value in payload.items():
-                if type(value) in NUMBERS:  # the sender reads them
+                if type(value) in PASSED:  # numbers, reduced samples: the sender reads them
                     continue
                 if type(value) is Samples:  # the sender reduces the rows: held within a bound
                     held = self._pending + pending - self._sender.released_pending

@@ -51,12 +51,10 @@ _LAST = int(Reduction.LAST)
 _DIST = int(Reduction.DIST)
 _MEAN = int(Reduction.MEAN)
 _SUM = int(Reduction.SUM)
-NUMBERS = frozenset((float, int))
-"""Value types ``log()`` passes on as they are: the sender reads them."""
-PASSED = frozenset((*NUMBERS, Samples, SampleState))
-"""Value types ``log()`` leaves as they are: the sender reads them (numbers, and ``Samples``,
-whose rows it reduces here, or a ``SampleState`` reduced already:
-``rlpulse.producer.samples.reduce_then_fill``)."""
+PASSED = frozenset((float, int, SampleState))
+"""Value types ``log()`` passes on as they are: the sender reads them (numbers, and a
+``SampleState`` reduced already, ``rlpulse.producer.samples.reduce_then_fill``: at most 3 k
+rows). ``Samples`` pass too, within ``pending_limit_bytes``: the sender reduces their rows."""
 MAX_TABLES = 4096
 """Distinct name lists one producer may declare; entries needing more are dropped, counted."""
 

@@ -15,7 +15,7 @@ from rlpulse.producer.samples import SampleReducer
 from rlpulse.schemas import Reduction, metrics as M, protocol
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.metrics import CATALOG
-from rlpulse.schemas.samples import SampleLimits, decode
+from rlpulse.schemas.samples import SampleLimits, SampleState, decode
 
 NAME = M.ROLLOUT_SAMPLES.name
 
@@ -72,10 +72,31 @@ def test_a_row_mapping_that_raises_costs_the_value_never_the_caller() -> None:
     assert enc.counters.invalid == 1
 
 
-def test_log_leaves_the_rows_to_the_sender() -> None:
+def test_log_hands_samples_and_reduced_states_to_the_sender(inbox) -> None:
+    """``log()`` copies no row: Samples (within the pending bound) and a state reduced already
+    (``reduce_then_fill``) reach the sender as they are, and both arrive reduced."""
+    from rlpulse.producer import Producer
     from rlpulse.producer.encode import PASSED
+    from rlpulse.producer.samples import reduce_then_fill
+    from tests.producer.conftest import has_bye
 
-    assert Samples in PASSED  # log() copies no row and reduces nothing
+    assert SampleState in PASSED
+    state = reduce_then_fill(
+        [{"score": float(i)} for i in range(5)],
+        "score",
+        lambda idx: [{"text": f"row {i}"} for i in idx],
+        origin=("driver", 0),
+        limits=SampleLimits(k=2),
+    )
+    p = Producer(inbox.address, run="r", role="actor")
+    p.log({NAME: Samples([{"score": 2.0}, {"score": 1.0}], key="score")}, step=1)
+    p.log({NAME: state}, step=2)
+    p.close()
+    stats = p.stats()
+    messages = inbox.receive(until=has_bye)
+    blobs = [b for m in messages if isinstance(m, protocol.Metrics) for *_, b in m.samples]
+    assert [decode(b).rows for b in blobs] == [2, 5]
+    assert stats["invalid"] == 0 and stats["dropped_unreduced"] == 0
 
 
 @pytest.mark.parametrize(
