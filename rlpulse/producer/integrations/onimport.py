@@ -44,7 +44,11 @@ class OnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in self.names:
             return None
-        for finder in sys.meta_path:
+        # Only the finders after this one: two hooks waiting for the same module (verl's
+        # phases and its engines) would otherwise hand the import to each other for ever.
+        finders = sys.meta_path
+        after = finders[finders.index(self) + 1 :] if self in finders else finders
+        for finder in after:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)

@@ -80,7 +80,9 @@ Describe = Callable[..., "Call | None"]
 or None to run it unmeasured."""
 
 MARK = "_rlpulse_phase_of"
-"""The attribute a wrapped method keeps its original under (so it is never wrapped twice)."""
+"""The attribute that marks a wrapped method (so it is never wrapped twice). True, not the
+original: a wrapper keeps the original's qualified name, so the original pickled by reference
+would find the wrapper again, and pickling a wrapper that holds it would never end (Ray)."""
 
 _CURRENT: contextvars.ContextVar[Phase | None] = contextvars.ContextVar(
     "rlpulse_worker_phase", default=None
@@ -201,7 +203,7 @@ def as_phase(method: F, describe: Describe) -> F:
             _exit(phase, name, None)
             return result
 
-        setattr(async_phase, MARK, method)
+        setattr(async_phase, MARK, True)
         return async_phase  # type: ignore[return-value]
 
     @functools.wraps(method)
@@ -221,5 +223,5 @@ def as_phase(method: F, describe: Describe) -> F:
         _exit(phase, name, None)
         return result
 
-    setattr(in_phase, MARK, method)
+    setattr(in_phase, MARK, True)
     return in_phase  # type: ignore[return-value]
