@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import re
-import resource
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,6 +49,17 @@ class Scenario:
     steps: int = 40
     pace_s: float = 0.05
     config: dict[str, Any] = field(default_factory=dict)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: ``VmHWM``, its own address space's high-water mark.
+    Not ``getrusage().ru_maxrss``: Linux carries the parent's peak into a child through fork and
+    exec, so a worker started by a test run that had loaded vLLM read 1.2 GB of its parent's."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _rows(step: int, rank: int, s: Scenario) -> list[dict[str, Any]]:
@@ -96,7 +106,7 @@ def _rank(address: str, rank: int, s: Scenario, out: Path) -> None:
     t = time.monotonic()
     p.close()
     closed = time.monotonic() - t
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = peak_rss_bytes()
     report = {
         "stats": p.stats(),
         "close_s": closed,
