@@ -323,7 +323,9 @@ class Session:
         that never reached a collector waits for a connection still being set up, but stops
         as soon as one is refused (nobody listening), and so does one whose handshake a
         collector refused (:attr:`rejected`: it will not be let in). ``cycle`` is the sender's cycle (which
-        reads acknowledgements and sends); ``timeout_s`` the close's, named in the warning."""
+        reads acknowledgements and sends); ``timeout_s`` the close's (``deadline`` is that long
+        after the close began): the warning names it beside the time the close took."""
+        began = deadline - timeout_s
         while self.outbox.unacked and time.monotonic() < deadline:
             if not self.connected:
                 self.refused = False
@@ -342,9 +344,10 @@ class Session:
                 self.heartbeat()
             ident = self.registration.identity
             log.warning(
-                "rlpulse producer %s/%s closed after %.1fs: %s",
+                "rlpulse producer %s/%s closed after %.1fs (timeout %.1fs): %s",
                 ident.role,
                 ident.rank,
+                time.monotonic() - began,
                 timeout_s,
                 self.close_verdict(unsent, unconfirmed),
             )
