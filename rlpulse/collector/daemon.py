@@ -50,7 +50,7 @@ from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.collector.sinks import build_sink
 from rlpulse.collector.sinks.base import Sink, SinkContext
-from rlpulse.collector.stopreport import log_stopped, write_stop_report
+from rlpulse.collector.stopreport import log_stopped, refusals, write_stop_report
 from rlpulse.collector.tiers.relay import Relay
 from rlpulse.collector.tiers.upstream import UpstreamSink, relay_id
 from rlpulse.schemas import protocol
@@ -345,6 +345,7 @@ class Collector:
 
     def _report_stop(self, abandoned: list[str]) -> None:
         """With ``state_dir``: what this stop left there (``rlpulse.collector.stopreport``)."""
+        upstream = self._upstream
         if self.config.state_dir is not None:
             write_stop_report(
                 Path(self.config.state_dir),
@@ -353,6 +354,7 @@ class Collector:
                 unwritten={w.name: w.backlog() for w in self.fanout.workers if w.backlog()},
                 abandoned=abandoned,
                 health=self.health,
+                upstream_refused=upstream.refused if upstream is not None else None,
             )
 
     def close(self) -> None:
@@ -402,7 +404,9 @@ class Collector:
         if self._endpoint is not None:
             self._endpoint.close()
         self._zmq.term()
-        log_stopped(self.health, abandoned)
+        upstream = self._upstream
+        said = refusals(upstream.refused, upstream.refusal) if upstream is not None else ""
+        log_stopped(self.health, abandoned, said)
 
 
 def write_ready_file(path: str | Path, address: str) -> None:
