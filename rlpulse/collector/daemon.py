@@ -66,6 +66,12 @@ BATCH = 2000
 """Messages received between two checks of the step timers."""
 RETRY_S = 1.0
 """While ``state_dir`` cannot be written (a full disk), how often writing is tried again."""
+LAST_ACKS_S = 0.3
+"""At a stop, how long the socket stays open after the last acknowledgements
+(``Ack.stopping``), at least: a producer reads them within its sender's poll (0.1 s), and
+its ZeroMQ socket drops what it has not read when the connection closes. One that missed them
+says what it sent unacknowledged went out (``Hello.went_out``): a next collector without
+``state_dir`` then flags it as possibly counted twice, never silently."""
 
 
 class Collector:
@@ -381,8 +387,12 @@ class Collector:
                     self.config.state_dir,
                 )
             self._save()
+        last_acks_at: float | None = None
         if not self._loop.stalled:
-            self.receiver.acknowledge(self.delivery.acks(self.aggregator.feedback, everything=True))
+            last = self.delivery.acks(self.aggregator.feedback, everything=True, stopping=True)
+            self.receiver.acknowledge(last)  # nothing more is applied: the producers know
+            if last:
+                last_acks_at = time.monotonic()
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:
             log.warning(
@@ -402,6 +412,8 @@ class Collector:
                 )
             self.durable.close()
         if self._endpoint is not None:
+            if last_acks_at is not None:  # the producers read them before the connection goes
+                time.sleep(max(0.0, last_acks_at + LAST_ACKS_S - time.monotonic()))
             self._endpoint.close()
         self._zmq.term()
         upstream = self._upstream

@@ -58,7 +58,8 @@ def log_stopped(h: Health, abandoned: list[str], upstream: str = "") -> None:
         "rlpulse collector stopped: %d messages, %d steps emitted (%d partial), %d late, "
         "%d malformed %s, %d duplicates, %d handshake failures, producers dropped %d, "
         "%d steps incomplete by a producer's word, %d entries never applied (no "
-        "registration)%s",
+        "registration), %d steps continued from an earlier instance (%d entries it may have "
+        "written too)%s",
         h.messages_received,
         h.steps_emitted,
         h.partial_steps,
@@ -70,6 +71,8 @@ def log_stopped(h: Health, abandoned: list[str], upstream: str = "") -> None:
         h.producer_dropped(),
         h.incomplete_steps,
         h.unapplied,
+        h.continued_steps,
+        h.resent_entries,
         (f"; abandoned sinks: {', '.join(abandoned)}" if abandoned else "")
         + (f"; {upstream}" if upstream else ""),
     )

@@ -95,7 +95,9 @@ def encode_hello(
     metrics_url: str = "",
     logs: bool = True,
     resume: bool = False,
+    went_out: tuple[int, int] = (0, -1),
 ) -> bytes:
+    """A hello; ``went_out``: ``(seq, step)`` of what went out so far (``Hello.went_out``)."""
     return _ENCODER.encode(
         Hello(
             producer,
@@ -111,6 +113,7 @@ def encode_hello(
             metrics_url,
             logs,
             resume,
+            went_out,
         )
     )
 
