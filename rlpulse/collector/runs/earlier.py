@@ -61,8 +61,8 @@ class Earlier:
             self._ratelog.warn(
                 f"earlier:{prod.run}",
                 f"run {prod.run!r}: {prod.role}/{prod.rank} sent steps up to {step} to an "
-                "earlier instance of this collector, which keeps no state_dir: what that one "
-                f"wrote is unknown here, so records of steps up to {step} written here are "
+                "earlier instance of this collector; without state_dir, what that one wrote "
+                f"is unknown here, so the records of steps up to {step} written here are "
                 "flagged partial and continued (with state_dir a restart loses and repeats "
                 "nothing)",
             )
