@@ -50,7 +50,7 @@ from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs.aggregator import Aggregator
 from rlpulse.collector.sinks import build_sink
 from rlpulse.collector.sinks.base import Sink, SinkContext
-from rlpulse.collector.stopreport import log_stopped, write_stop_report
+from rlpulse.collector.stopreport import log_stopped, refusals, write_stop_report
 from rlpulse.collector.tiers.relay import Relay
 from rlpulse.collector.tiers.upstream import UpstreamSink, relay_id
 from rlpulse.schemas import protocol
@@ -66,6 +66,12 @@ BATCH = 2000
 """Messages received between two checks of the step timers."""
 RETRY_S = 1.0
 """While ``state_dir`` cannot be written (a full disk), how often writing is tried again."""
+LAST_ACKS_S = 0.3
+"""At a stop, how long the socket stays open after the last acknowledgements
+(``Ack.stopping``), at least: a producer reads them within its sender's poll (0.1 s), and
+its ZeroMQ socket drops what it has not read when the connection closes. One that missed them
+says what it sent unacknowledged went out (``Hello.went_out``): a next collector without
+``state_dir`` then flags it as possibly counted twice, never silently."""
 
 
 class Collector:
@@ -345,6 +351,7 @@ class Collector:
 
     def _report_stop(self, abandoned: list[str]) -> None:
         """With ``state_dir``: what this stop left there (``rlpulse.collector.stopreport``)."""
+        upstream = self._upstream
         if self.config.state_dir is not None:
             write_stop_report(
                 Path(self.config.state_dir),
@@ -353,6 +360,7 @@ class Collector:
                 unwritten={w.name: w.backlog() for w in self.fanout.workers if w.backlog()},
                 abandoned=abandoned,
                 health=self.health,
+                upstream_refused=upstream.refused if upstream is not None else None,
             )
 
     def close(self) -> None:
@@ -379,8 +387,12 @@ class Collector:
                     self.config.state_dir,
                 )
             self._save()
+        last_acks_at: float | None = None
         if not self._loop.stalled:
-            self.receiver.acknowledge(self.delivery.acks(self.aggregator.feedback, everything=True))
+            last = self.delivery.acks(self.aggregator.feedback, everything=True, stopping=True)
+            self.receiver.acknowledge(last)  # nothing more is applied: the producers know
+            if last:
+                last_acks_at = time.monotonic()
         self.health.unapplied += self.delivery.unapplied()
         if self.health.unapplied:
             log.warning(
@@ -400,9 +412,13 @@ class Collector:
                 )
             self.durable.close()
         if self._endpoint is not None:
+            if last_acks_at is not None:  # the producers read them before the connection goes
+                time.sleep(max(0.0, last_acks_at + LAST_ACKS_S - time.monotonic()))
             self._endpoint.close()
         self._zmq.term()
-        log_stopped(self.health, abandoned)
+        upstream = self._upstream
+        said = refusals(upstream.refused, upstream.refusal) if upstream is not None else ""
+        log_stopped(self.health, abandoned, said)
 
 
 def write_ready_file(path: str | Path, address: str) -> None:

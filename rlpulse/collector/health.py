@@ -177,6 +177,18 @@ class Health:
         "before it could reduce them (past its pending_limit_bytes, or left when close() "
         "ended), one per rank and step: each went out partial naming the rank.",
     )
+    continued_steps = SelfMetric(
+        "rlpulse_collector_continued_steps_total",
+        "Steps written after a restart without state_dir that an earlier instance of this "
+        "collector may have written too, with other calls of the step (its producers said so "
+        "when they reconnected): flagged partial and continued.",
+    )
+    resent_entries = SelfMetric(
+        "rlpulse_collector_resent_entries_total",
+        "Entries merged after a restart without state_dir that had been sent to an earlier "
+        "instance of this collector, unacknowledged: it may have written them too (counted "
+        "twice over two records of a step, named in the record's resent).",
+    )
     overcounted_steps = SelfMetric(
         "rlpulse_collector_overcounted_steps_total",
         "Steps emitted partial because a role had more contributors than its world size, or "

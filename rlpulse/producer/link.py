@@ -117,6 +117,7 @@ class Session:
                 if self.connected != was:
                     self.registration.reset()
                 if self.connected and not was:
+                    self.outbox.new_connection()
                     self.say_hello()
                     # Sent before, unacknowledged: resent once the collector's first answer
                     # says what it has (not all of it blindly: it may hold most).
@@ -158,7 +159,8 @@ class Session:
 
     def say_hello(self) -> None:
         try:
-            hello = self.registration.hello(self.outbox.base(), self.tables())
+            box = self.outbox
+            hello = self.registration.hello(box.base(), self.tables(), box.went_out())
         except Exception as exc:  # the encoder keeps tables encodable: a bug, counted
             self.counters.errors += 1
             self.warn_once("hello", f"could not encode the hello ({exc!r}); nothing is sent")
@@ -195,6 +197,8 @@ class Session:
                 self.rejected = ""
                 self.outbox.ack(msg.seq, time.monotonic())
                 self.outbox.asking |= msg.asks
+                if msg.stopping:  # its last word: what it has not acknowledged, it never will
+                    self.outbox.stopping()
                 if self.resync:  # a new connection's first answer: it lacks what is after it
                     self.resync = False
                     self._resend(msg.seq)
@@ -268,9 +272,13 @@ class Session:
                 "RLPULSE_RESUME=1, to continue the run instead)",
             )
 
-    def enqueue(self, encode: Callable[[int], bytes], entries: int, bounded: bool = True) -> None:
+    def enqueue(
+        self, encode: Callable[[int], bytes], entries: int, bounded: bool = True, step: int = -1
+    ) -> None:
+        """Number and keep a message of ``entries`` ``log()`` calls (``step``: the highest
+        step among them), counting it as dropped when the buffer is full."""
         try:
-            added = self.outbox.add(encode, entries, bounded=bounded)
+            added = self.outbox.add(encode, entries, bounded=bounded, step=step)
         except Exception as exc:  # a value the wire cannot carry must not end this thread
             self.counters.errors += max(entries, 1)
             self.warn_once(
@@ -328,7 +336,9 @@ class Session:
         that never reached a collector waits for a connection still being set up, but stops
         as soon as one is refused (nobody listening), and so does one whose handshake a
         collector refused (:attr:`rejected`: it will not be let in). ``cycle`` is the sender's cycle (which
-        reads acknowledgements and sends); ``timeout_s`` the close's, named in the warning."""
+        reads acknowledgements and sends); ``timeout_s`` the close's (``deadline`` is that long
+        after the close began): the warning names it beside the time the close took."""
+        began = deadline - timeout_s
         while self.outbox.unacked and time.monotonic() < deadline:
             if not self.connected:
                 self.refused = False
@@ -347,9 +357,10 @@ class Session:
                 self.heartbeat()
             ident = self.registration.identity
             log.warning(
-                "rlpulse producer %s/%s closed after %.1fs: %s",
+                "rlpulse producer %s/%s closed after %.1fs (timeout %.1fs): %s",
                 ident.role,
                 ident.rank,
+                time.monotonic() - began,
                 timeout_s,
                 self.close_verdict(unsent, unconfirmed),
             )

@@ -47,15 +47,17 @@ stalled acknowledgements, then after twice that, and so on up to this many times
 
 
 class Outgoing:
-    """One data message: its number, bytes, how many ``log()`` calls it carries, and whether
-    it went out at least once (then the collector may hold it, acknowledged or not)."""
+    """One data message: its number, bytes, how many ``log()`` calls it carries and the
+    highest step among them (-1: none), and whether it went out at least once (then the
+    collector may hold it, acknowledged or not)."""
 
-    __slots__ = ("entries", "payload", "seq", "size", "went_out")
+    __slots__ = ("entries", "payload", "seq", "size", "step", "went_out")
 
-    def __init__(self, seq: int, payload: bytes, entries: int) -> None:
+    def __init__(self, seq: int, payload: bytes, entries: int, step: int = -1) -> None:
         self.seq = seq
         self.payload = payload
         self.entries = entries
+        self.step = step
         self.size = len(payload)
         self.went_out = False
 
@@ -80,21 +82,31 @@ class Outbox:
         """The collector asks for what it misses (``Ack.asks``): no timed resends."""
         self.sent_seq = 0
         """The highest number that went out (heartbeats tell it: the collector sees gaps)."""
+        self._went_out = (0, -1)
+        """What the hello says went out (:meth:`went_out`)."""
+        self._acked_step = -1
+        """The highest step of a ``log()`` call in a message acknowledged."""
+        self._disclaimed = False
+        """A stopping collector's last acknowledgement came (:meth:`stopping`) and no new
+        connection since: what goes out meanwhile is applied by no collector."""
         self._held_at: float | None = None
         """When the collector told us to hold (None: sending freely)."""
         self._flush_waiters: list[tuple[int, threading.Event]] = []
 
     # ------------------------------------------------------------------ numbering
 
-    def add(self, encode: Callable[[int], bytes], entries: int, *, bounded: bool = True) -> bool:
+    def add(
+        self, encode: Callable[[int], bytes], entries: int, *, bounded: bool = True, step: int = -1
+    ) -> bool:
         """Number a message and keep it until acknowledged; False when the buffer is full.
         ``bounded=False``: kept past the bound (the bye: one small message, and the only one
-        that tells the collector this producer's last step is done)."""
+        that tells the collector this producer's last step is done). ``step``: the highest
+        step of its ``log()`` calls (-1: none)."""
         if bounded and (
             len(self._unacked) >= self.max_messages or self._unacked_bytes >= self.max_bytes
         ):
             return False
-        item = Outgoing(self.next_seq, encode(self.next_seq), entries)
+        item = Outgoing(self.next_seq, encode(self.next_seq), entries, step)
         self.next_seq += 1
         self._unacked.append(item)
         self._unacked_bytes += item.size
@@ -109,6 +121,24 @@ class Outbox:
         """The oldest unacknowledged number (the next one when none is pending): the hello
         tells a collector without saved state that everything below is acknowledged."""
         return self._unacked[0].seq if self._unacked else self.next_seq
+
+    def went_out(self) -> tuple[int, int]:
+        """``(seq, step)``: the highest number, and the highest ``log()`` step, of what
+        went out so far and a collector may have applied (the hello says it:
+        ``rlpulse.schemas.messages.Hello.went_out``); not what a stopping collector said it
+        did not apply (:meth:`stopping`)."""
+        return self._went_out
+
+    def stopping(self) -> None:
+        """The collector's last acknowledgement (``Ack.stopping``): it applied nothing after
+        it, and applies nothing more. What went out unacknowledged was not applied, nor is
+        what goes out before the next connection (:meth:`new_connection`)."""
+        self._disclaimed = True
+        self._went_out = (self.acked, self._acked_step)
+
+    def new_connection(self) -> None:
+        """A new connection is up: what goes out may be applied again."""
+        self._disclaimed = False
 
     def lost_entries(self) -> tuple[int, int]:
         """What a close now would leave behind, in ``log()`` calls: those in messages that
@@ -160,6 +190,9 @@ class Outbox:
         item.went_out = True
         if item.seq > self.sent_seq:
             self.sent_seq = item.seq
+        if not self._disclaimed:
+            seq, step = self._went_out
+            self._went_out = (max(seq, item.seq), max(step, item.step))
 
     def resend_all(self, now: float) -> int:
         """Send everything unacknowledged again, in order; return how many are repeats."""
@@ -200,7 +233,10 @@ class Outbox:
             self._backoff = 1
         unacked = self._unacked
         while unacked and unacked[0].seq <= seq:
-            self._unacked_bytes -= unacked.popleft().size
+            item = unacked.popleft()
+            self._unacked_bytes -= item.size
+            if item.step > self._acked_step:
+                self._acked_step = item.step
         while self._unsent and self._unsent[0].seq <= seq:
             self._unsent.popleft()
         if self._flush_waiters:
@@ -280,9 +316,12 @@ class Registration:
             return False
         return self.sent_at is None or now - self.sent_at >= HELLO_RETRY_S
 
-    def hello(self, base: int, tables: Sequence[TableDecl] = ()) -> bytes:
+    def hello(
+        self, base: int, tables: Sequence[TableDecl] = (), went_out: tuple[int, int] = (0, -1)
+    ) -> bytes:
         """The registration message; ``base`` is the outbox's oldest unacknowledged number,
-        ``tables`` every name table the producer's entries refer to."""
+        ``tables`` every name table the producer's entries refer to, ``went_out`` what of its
+        data went out so far (:meth:`Outbox.went_out`)."""
         ident = self.identity
         config = self._config_said = self.config
         return protocol.encode_hello(
@@ -298,6 +337,7 @@ class Registration:
             logs=ident.logs,
             resume=ident.resume,
             config=config,
+            went_out=went_out,
         )
 
     @property

@@ -218,7 +218,9 @@ class Sender(threading.Thread):
         if entries:
             batch, told = list(entries), self.incomplete.take(MAX_INCOMPLETE)
             self.link.enqueue(
-                lambda seq: protocol.encode_metrics(pid, seq, batch, done, told), len(batch)
+                lambda seq: protocol.encode_metrics(pid, seq, batch, done, told),
+                len(batch),
+                step=max(entry[0] for entry in batch),  # the hello tells what went out
             )
         elif done >= 0:
             told = self.incomplete.take(MAX_INCOMPLETE)

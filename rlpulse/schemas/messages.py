@@ -94,6 +94,12 @@ Incomplete = list[Step]
 before reducing them: ``ProducerConfig.pending_limit_bytes``, or ``close()``): the collector
 emits each partial, naming the producer's rank. Optional and last in :class:`Metrics`,
 :class:`Done` and :class:`Bye`, so a collector that predates it ignores it."""
+WentOut = tuple[U63, Annotated[int, Meta(ge=-1, le=MAX_STEP)]]
+"""``(seq, step)`` of :attr:`Hello.went_out`; ``(0, -1)``: nothing went out yet. Messages from
+the hello's ``seq`` (the oldest unacknowledged) up to this ``seq`` went out unacknowledged:
+resent now, they may have been applied already by the collector that was there (one that
+stopped, keeping no ``state_dir``, before it acknowledged them). Optional and last, so a
+collector that predates it ignores it."""
 Size = Annotated[int, Meta(ge=1, le=1 << 24)]
 Rank = Annotated[int, Meta(ge=0, le=1 << 24)]
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
@@ -219,6 +225,11 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     """The run's configuration, its hyper-parameters (``rlpulse.schemas.runconfig``: a msgpack
     map of plain data, at most ``runconfig.MAX_BYTES``), as the producer last gave it; b"" for
     none. Checked by the collector when it changes (``bad_config``)."""
+    went_out: WentOut = (0, -1)
+    """``(seq, step)``: the highest sequence number, and the highest step of a ``log()`` call,
+    among this producer's data messages that went out so far, to whichever collector was
+    there (:data:`WentOut`). A collector that keeps no ``state_dir`` learns from it what an
+    earlier instance of it may have applied (``rlpulse.collector.runs.earlier``)."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
@@ -311,6 +322,10 @@ class Ack(Struct, array_like=True, frozen=True, gc=False, tag=26):
     asks: bool = False
     """This collector asks for what it misses (``resend`` when a producer's message or
     heartbeat shows a gap), so the producer never resends on a timer alone."""
+    stopping: bool = False
+    """The collector's last acknowledgement before it stops: it applied nothing of this
+    producer's after ``seq`` and applies nothing more, so what went out unacknowledged was not
+    applied (the next hello's :attr:`Hello.went_out` leaves it out)."""
 
 
 class Member(Struct, array_like=True, frozen=True, gc=False):

@@ -96,7 +96,9 @@ def encode_hello(
     logs: bool = True,
     resume: bool = False,
     config: bytes = b"",
+    went_out: tuple[int, int] = (0, -1),
 ) -> bytes:
+    """A hello; ``went_out``: ``(seq, step)`` of what went out so far (``Hello.went_out``)."""
     return _ENCODER.encode(
         Hello(
             producer,
@@ -113,6 +115,7 @@ def encode_hello(
             logs,
             resume,
             config,
+            went_out,
         )
     )
 

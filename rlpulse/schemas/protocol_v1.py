@@ -122,6 +122,7 @@ def encode_ack(
     asks: bool = False,
     names: int = 0,
     members: Sequence[tuple[int, int]] = (),
+    stopping: bool = False,
 ) -> bytes:
     """An acknowledgement (:class:`~rlpulse.schemas.messages.Ack`); the feedback keys are sent only
     when set, and a producer that predates them ignores them."""
@@ -146,6 +147,8 @@ def encode_ack(
         extra["n"] = names
     if members:
         extra["m"] = [[pid, late] for pid, late in members]
+    if stopping:
+        extra["s"] = True
     return _pack({"v": VERSION, "t": ACK, "p": producer, "q": seq, **extra})
 
 
@@ -333,5 +336,6 @@ def decode(buf: bytes, limits: Limits = DEFAULT_LIMITS) -> Message:
             _members(obj.get("m", [])),
             _int(counts, "n", "names dropped"),
             obj.get("a") is True,
+            obj.get("s") is True,
         )
     raise SchemaError("bad_envelope", f"unknown message type {kind!r:.40}")

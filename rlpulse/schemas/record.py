@@ -29,7 +29,8 @@ class StepRecord:
     ``metrics`` maps reported names to values pooled over every rank that logged them.
     ``partial`` is true when an expected rank did not finish the step before it was emitted;
     ``missing`` names those ranks as ``role/rank`` (such a rank may have sent part of its data). ``ranks`` counts the producers whose data
-    is in the step. ``nonfinite`` counts NaN/Inf samples producers dropped, by metric.
+    is in the step. ``partial`` is also true for a ``continued`` record (see there), whose
+    ``missing`` may be empty: :meth:`why_partial` says why in words. ``nonfinite`` counts NaN/Inf samples producers dropped, by metric.
     ``time`` is the step's end on the producers' wall clock (the latest ``log()`` of any rank).
     ``roles`` maps each reported name to the role that logged it (several joined by ``+``);
     derived metrics have none. ``spans`` holds every rank's phases in the step
@@ -42,6 +43,15 @@ class StepRecord:
     metrics: Mapping[str, float]
     partial: bool = False
     missing: tuple[str, ...] = ()
+    continued: bool = False
+    """Written by a collector without ``state_dir`` restarted mid-run: an earlier instance of
+    it may have written a record of this step too, with other calls of the step (its producers
+    said so: ``rlpulse.collector.runs.earlier``). This record holds only the calls that reached
+    this instance; ``partial`` is set."""
+    resent: tuple[str, ...] = ()
+    """Of a ``continued`` record: ranks (``role/rank``) whose calls in it had been sent to the
+    earlier instance, unacknowledged, and were sent again: if it had applied them, they are
+    in both records."""
     ranks: int = 0
     nonfinite: Mapping[str, int] = field(default_factory=dict)
     time: float = 0.0
@@ -67,6 +77,7 @@ class StepRecord:
             "metrics": dict(self.metrics),
             "partial": self.partial,
             "missing": list(self.missing),
+            **({"continued": True, "resent": list(self.resent)} if self.continued else {}),
             "ranks": self.ranks,
             "nonfinite": dict(self.nonfinite),
             "time": self.time,
@@ -78,6 +89,15 @@ class StepRecord:
             ),
             **({"config": dict(self.config)} if self.config else {}),
         }
+
+    def why_partial(self) -> str:
+        """Why the record is ``partial``, in words ("" when it is not)."""
+        why = [f"missing {', '.join(self.missing)}"] if self.missing else []
+        if self.continued:
+            why.append("continued: an earlier collector instance may have written part of it")
+            if self.resent:
+                why.append(f"calls of {', '.join(self.resent)} may be counted there too")
+        return "; ".join(why)
 
     def encode(self, **extra: Any) -> bytes:
         """The JSON line of this record (floats round-trip exactly); with ``extra`` keys, the
@@ -101,6 +121,8 @@ class StepRecord:
             metrics={str(k): float(v) for k, v in obj["metrics"].items()},
             partial=bool(obj.get("partial", False)),
             missing=tuple(obj.get("missing", ())),
+            continued=bool(obj.get("continued", False)),
+            resent=tuple(obj.get("resent", ())),
             ranks=int(obj.get("ranks", 0)),
             nonfinite={str(k): int(v) for k, v in obj.get("nonfinite", {}).items()},
             time=float(obj.get("time", 0.0)),

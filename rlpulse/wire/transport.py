@@ -103,9 +103,31 @@ def check_address(address: object) -> str:
     raise ConfigError("address", f"must be {ADDRESS_FORM}", address)
 
 
+@dataclass(frozen=True)
+class Client:
+    """Who connects, as a refusal's reason names it: what it is and where its keys are set."""
+
+    noun: str
+    keys: str
+    """Where its CurveZMQ keys are given."""
+    server_key: str
+    """Where the collector's public key is given."""
+
+
+PRODUCER = Client(
+    "producer",
+    "curve=, or RLPULSE_CURVE_SERVER_KEY and RLPULSE_CURVE_CLIENT_CERT: docs/security.md",
+    "RLPULSE_CURVE_SERVER_KEY",
+)
+RELAY = Client(
+    "relay",
+    "upstream_curve: {server_key, client_cert} in its config: docs/runs-and-relays.md",
+    "upstream_curve.server_key",
+)
+"""A relay's link to the collector above it (``rlpulse.collector.tiers.upstream``)."""
 _ZAP_STATUS = {
     300: "a temporary error in its authentication (ZAP status 300): try again later",
-    400: "its authentication refused this producer's public key (ZAP status 400): the key "
+    400: "its authentication refused this {noun}'s public key (ZAP status 400): the key "
     "is not among the collector's allowed clients (curve.clients_dir: docs/security.md)",
     500: "an internal error in its authentication (ZAP status 500): see the collector's log",
 }
@@ -114,31 +136,28 @@ NO_DETAIL_REPEATS = 3
 be a collector stopping mid-handshake; a wrong server key fails every attempt."""
 
 
-def refusal(event: int, value: int, curve: bool) -> Rejected | None:
+def refusal(event: int, value: int, curve: bool, client: Client = PRODUCER) -> Rejected | None:
     """A collector's refusal of the handshake, from a ZeroMQ monitor event and its value, for
-    a producer with (``curve``) or without CurveZMQ keys; None for other events."""
-    why = _why(event, value, curve)
+    a ``client`` with (``curve``) or without CurveZMQ keys; None for other events."""
+    why = _why(event, value, curve, client)
     if why is None:
         return None
     return Rejected(why, final=event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-def _why(event: int, value: int, curve: bool) -> str | None:
+def _why(event: int, value: int, curve: bool, client: Client) -> str | None:
+    noun = client.noun
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return _ZAP_STATUS.get(
-            value, f"its authentication refused this producer (ZAP status {value})"
-        )
+        zap = _ZAP_STATUS.get(value, "its authentication refused this {noun} (ZAP status {value})")
+        return zap.format(noun=noun, value=value)
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
             if curve:
                 return (
-                    "it does not use CurveZMQ and this producer does (curve keys, or the "
-                    "RLPULSE_CURVE_* variables): turn it on there or off here"
+                    f"it does not use CurveZMQ and this {noun} does ({client.keys}): turn it "
+                    "on there or off here"
                 )
-            return (
-                "it requires CurveZMQ and this producer has no keys: give them (curve=, or "
-                "RLPULSE_CURVE_SERVER_KEY and RLPULSE_CURVE_CLIENT_CERT: docs/security.md)"
-            )
+            return f"it requires CurveZMQ and this {noun} has no keys: give them ({client.keys})"
         if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
             return "the CurveZMQ handshake failed cryptographically: a wrong server key?"
         names = [
@@ -149,7 +168,7 @@ def _why(event: int, value: int, curve: bool) -> str | None:
     if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and curve:
         return (
             "the CurveZMQ handshake failed with no detail, again and again: the server key "
-            "this producer has (RLPULSE_CURVE_SERVER_KEY) is not the collector's?"
+            f"this {noun} has ({client.server_key}) is not the collector's?"
         )
     return None
 
@@ -168,7 +187,10 @@ class ZmqTransport:
         sndhwm: int,
         curve: CurveKeys | None = None,
         context: zmq.Context | None = None,
+        client: Client = PRODUCER,
     ) -> None:
+        self._client = client
+        """Who connects, as a refusal names it (a producer, or a relay's upstream link)."""
         self._context = context or zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -235,7 +257,8 @@ class ZmqTransport:
                     self._no_detail += 1
                     if self._no_detail < NO_DETAIL_REPEATS:
                         continue
-                rejected = refusal(event, int.from_bytes(frame[2:6], "little"), self._curve)
+                value = int.from_bytes(frame[2:6], "little")
+                rejected = refusal(event, value, self._curve, self._client)
                 if rejected is not None:
                     out.append(rejected)
         return out

@@ -71,6 +71,25 @@ def test_every_hello_is_acknowledged_so_the_producer_stops_repeating_it() -> Non
     assert d.acks() == [(b"id2", P.encode_ack(5, 4, asks=True))]
 
 
+def test_the_last_acks_go_to_every_producer_and_say_the_collector_is_stopping() -> None:
+    """At its stop the collector tells every producer it knows, owed an acknowledgement or
+    not, where it stopped applying (``Ack.stopping``): what they sent after it was not applied
+    (``Hello.went_out`` leaves it out)."""
+    d = Delivery()
+    d.accept(P.Hello(5, 1, "r", "a", 0, 2, "h", 1), b"five")
+    d.accept(P.Hello(6, 1, "r", "a", 1, 2, "h", 1), b"six")
+    d.accept(done(5, 1), b"five")
+    d.acks(everything=True)  # all acknowledged: nobody is owed one
+    d.accept(done(6, 1), b"six")
+    last = sorted(d.acks(everything=True, stopping=True))
+    assert last == [
+        (b"five", P.encode_ack(5, 1, asks=True, stopping=True)),
+        (b"six", P.encode_ack(6, 1, asks=True, stopping=True)),
+    ]
+    assert P.decode(last[0][1]).stopping  # type: ignore[union-attr]
+    assert not P.decode(P.encode_ack(5, 1)).stopping  # type: ignore[union-attr]
+
+
 def test_entries_of_a_producer_that_never_registered_are_counted_as_unapplied() -> None:
     d = Delivery()
     two = P.Metrics(9, 1, metrics(9, 1, {"x": 1.0}).entries * 2)

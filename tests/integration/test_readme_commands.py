@@ -381,11 +381,14 @@ def test_the_readme_collector_keeps_every_step_across_a_ctrl_c_and_without_state
     without one loses on a stop. Both, shown: with the config as written, Ctrl-C mid-run and a
     restart lose and repeat nothing (every step once, whole, every call merged once); the same
     config without its ``state_dir`` line writes the step open at the stop as partial (and,
-    depending on timing, a step twice or calls twice: never the exact run)."""
+    depending on timing, a step twice or calls twice: never the exact run), and flags what
+    it cannot vouch for: a step written again after the restart is partial and continued, so
+    what is not flagged is exact, once."""
     config = doc_block("README.md", "## Running the collector", "yaml")
     assert re.search(r"^state_dir: ", config, flags=re.M), config
     section = doc_section("README.md", "## Running the collector")
     assert "Without `state_dir`" in section and "partial" in section
+    assert '"continued": true' in section and '"resent"' in section
 
     kept = stopped_midrun(tmp_path / "with", config)
     assert [r["step"] for r in kept] == list(range(STOP_STEPS))  # each once, in order
@@ -399,6 +402,12 @@ def test_the_readme_collector_keeps_every_step_across_a_ctrl_c_and_without_state
         not r["partial"] and r["metrics"].get("my/calls") == STOP_CALLS for r in lost
     )
     assert not exact
+    unflagged = [r for r in lost if not r["partial"]]  # what it vouches for: exact, once
+    assert all(r["metrics"]["my/calls"] == STOP_CALLS for r in unflagged), lost
+    assert len({r["step"] for r in unflagged}) == len(unflagged), lost
+    assert all(r["continued"] for r in lost if r["partial"] and not r["missing"]), lost
+    # Ctrl-C: its last acknowledgements said what it applied; nothing is in two records.
+    assert not any(r.get("resent") for r in lost), lost
 
 
 def test_the_collector_with_no_config_is_what_the_readme_says(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ and why, instead of "not connected"; ZeroMQ's monitor events name the refusal
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import zmq
@@ -62,3 +63,26 @@ def test_monitor_events_become_reasons() -> None:
     # Without Curve a handshake with no detail is no refusal to speak of (a collector stopping).
     assert refusal(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 32, curve=False) is None
     assert refusal(zmq.EVENT_CONNECTED, 0, curve=True) is None
+
+
+def test_the_close_warning_says_how_long_the_close_took_not_its_timeout(caplog) -> None:
+    """The warning of a close that gave up said "closed after 5.0s" (the timeout) for a close
+    that ended at once (a refused collector: no use waiting). It says the time it took, and
+    the timeout beside it."""
+    caplog.set_level(logging.WARNING, "rlpulse.producer")
+    t = MemoryTransport()
+    p = Producer("mem://", run="r1", role="a", transport=t, config=QUIET)
+    t.connect()
+    t.reject("it requires CurveZMQ and this producer has no keys")
+    t.disconnect()
+    p.log({"x": 1.0}, step=0)
+    time.sleep(0.3)
+    started = time.monotonic()
+    p.close(timeout=5.0)
+    took = time.monotonic() - started
+    assert took < 2.0
+    closing = [r.getMessage() for r in caplog.records if "closed after" in r.getMessage()]
+    assert len(closing) == 1, closing
+    said = re.search(r"closed after (\d+\.\d)s \(timeout 5\.0s\)", closing[0])
+    assert said is not None, closing[0]
+    assert float(said.group(1)) <= round(took, 1) + 0.05, (closing[0], took)

@@ -66,6 +66,71 @@ def test_a_new_connection_gets_a_hello_and_everything_unacknowledged_again() -> 
     p.close(timeout=0.2)
 
 
+def test_a_hello_says_what_went_out_before_it() -> None:
+    """A hello tells a collector that keeps no state what of this producer's data went out
+    so far (``Hello.went_out``: the highest number and step), so that one started again knows
+    which steps an earlier instance of it may have written (``collector.runs.earlier``)."""
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    assert until(lambda: "Hello" in kinds(t))
+    assert sent(t)[0].went_out == (0, -1)  # type: ignore[union-attr]
+    p.log({"x": 0.0}, step=0)
+    assert until(lambda: any(isinstance(m, protocol.Metrics) for m in sent(t)))
+    first = next(m for m in sent(t) if isinstance(m, protocol.Metrics))
+    t.reply(protocol.encode_ack(first.producer, first.seq, asks=True))
+    assert until(lambda: p.stats()["unacked"] == 0)
+    p.log({"x": 1.0}, step=1)
+    p.log({"x": 2.0}, step=2)
+    out = lambda: [m for m in sent(t) if isinstance(m, protocol.Metrics)]  # noqa: E731
+    assert until(lambda: any(e[0] == 2 for m in out() for e in m.entries))
+    last = out()[-1].seq
+    t.sent.clear()
+    t.disconnect()
+    t.connect()
+    assert until(lambda: "Hello" in kinds(t))
+    again = sent(t)[0]
+    assert isinstance(again, protocol.Hello)
+    assert again.seq == first.seq + 1  # acknowledged so far
+    assert again.went_out == (last, 2)  # sent so far: up to step 2, not acknowledged
+    p.close(timeout=0.2)
+
+
+def test_after_a_stopping_collectors_last_ack_the_hello_leaves_out_what_it_did_not_apply() -> None:
+    """A collector that stops acknowledges, last, everything it applied, saying it stops
+    (``Ack.stopping``): what went out after that was not applied, so the next hello does not
+    say it went out (a collector without ``state_dir`` started again flags only what may
+    really be in two records). What goes out on the new connection counts again."""
+    t = MemoryTransport()
+    p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)
+    t.connect()
+    metrics = lambda: [m for m in sent(t) if isinstance(m, protocol.Metrics)]  # noqa: E731
+    p.log({"x": 0.0}, step=0)
+    assert until(lambda: len(metrics()) == 1)
+    p.log({"x": 1.0}, step=1)  # goes out, never applied
+    assert until(lambda: len(metrics()) == 2)
+    first, second = metrics()
+    t.reply(protocol.encode_ack(first.producer, first.seq, asks=True, stopping=True))
+    assert until(lambda: p.stats()["unacked"] == 1)
+    p.log({"x": 2.0}, step=2)  # still to the stopped one: applied by none
+    assert until(lambda: len(metrics()) == 3)
+    t.sent.clear()
+    t.disconnect()
+    t.connect()
+    assert until(lambda: "Hello" in kinds(t))
+    hello = sent(t)[0]
+    assert isinstance(hello, protocol.Hello)
+    assert hello.seq == second.seq and hello.went_out == (first.seq, 0)
+    t.reply(protocol.encode_ack(first.producer, first.seq, asks=True))  # the new one: resend
+    assert until(lambda: len(metrics()) >= 2)
+    t.sent.clear()
+    t.disconnect()
+    t.connect()
+    assert until(lambda: "Hello" in kinds(t))
+    assert sent(t)[0].went_out == (second.seq + 1, 2)  # type: ignore[union-attr]
+    p.close(timeout=0.2)
+
+
 def test_close_waits_its_timeout_then_counts_what_is_unacknowledged() -> None:
     t = MemoryTransport()
     p = Producer("mem://", run="r", role="a", transport=t, config=QUIET)

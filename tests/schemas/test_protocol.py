@@ -299,3 +299,37 @@ def test_more_incomplete_steps_than_entries_a_message_may_hold_is_a_bad_field() 
         with pytest.raises(SchemaError) as err:
             P.decode(buf)
         assert err.value.reason == "bad_field"
+
+
+def test_a_hello_says_what_went_out_last_and_an_older_decoder_ignores_it() -> None:
+    """``Hello.went_out`` (seq, step): optional and last. A decoder of an earlier release reads
+    the hello as before; this one reads a hello without it as nothing gone out, and refuses a
+    step below -1."""
+    import msgspec
+
+    said = P.encode_hello(5, 4, run="r", role="a", rank=0, world_size=1, went_out=(9, 12))
+    assert P.decode(said).went_out == (9, 12)  # type: ignore[union-attr]
+    plain = P.encode_hello(5, 1, run="r", role="a", rank=0, world_size=1)
+    assert P.decode(plain).went_out == (0, -1)  # type: ignore[union-attr]
+
+    class OldHello(msgspec.Struct, array_like=True, tag=21):
+        producer: int
+        seq: int
+        run: str
+        role: str
+        rank: int
+        world_size: int
+        host: str
+        pid: int
+        expected: dict[str, int] = {}
+        tables: list = []
+        metrics_url: str = ""
+        logs: bool = True
+        resume: bool = False
+
+    old = msgspec.msgpack.Decoder(OldHello).decode(said)
+    assert (old.producer, old.seq, old.run, old.resume) == (5, 4, "r", False)
+    older = msgspec.msgpack.encode(OldHello(5, 4, "r", "a", 0, 1, "h", 1))
+    assert P.decode(older).went_out == (0, -1)  # type: ignore[union-attr]
+    with pytest.raises(SchemaError):
+        P.decode(P.encode_hello(5, 4, run="r", role="a", rank=0, world_size=1, went_out=(1, -2)))

@@ -340,10 +340,12 @@ class Delivery:
         self,
         feedback: Callable[[int], tuple[int, int, str, int, list[tuple[int, int]]]] | None = None,
         everything: bool = False,
+        stopping: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """(identity, ack message) for every producer whose acknowledgement is due (all of
         them with ``everything``: at shutdown). Call only once what they acknowledge is in
-        the write-ahead log. ``feedback`` gives what each ack also tells its producer: its
+        the write-ahead log. ``stopping``: the last acknowledgements, to every producer known,
+        saying nothing after them was or will be applied (``Ack.stopping``). ``feedback`` gives what each ack also tells its producer: its
         entries left out as late and as conflicts, and the run it is recorded under
         (``Aggregator.feedback``). Producers released since the last call (:meth:`release`)
         are told to go on; those newly held back, to hold."""
@@ -354,6 +356,8 @@ class Delivery:
         self._asking.clear()
         hold, self._tell_hold = self._tell_hold - wake.keys(), set()
         due = self._owed.due(everything)
+        if stopping:
+            due += self.identity.keys()
         out = []
         for pid in {*due, *wake, *hold}:
             identity = self.identity.get(pid)
@@ -375,6 +379,7 @@ class Delivery:
                     asks=True,
                     names=names,
                     members=members,
+                    stopping=stopping,
                 )
                 out.append((identity, ack))
         return out

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from rlpulse.collector.health import Health
 from rlpulse.collector.output.derived import Throughput
 from rlpulse.collector.ratelog import RateLimitedLog
+from rlpulse.collector.runs.earlier import Earlier
 from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.collector.runs.membership import Membership
 from rlpulse.collector.runs.names import NameTable
@@ -115,13 +116,16 @@ class StepOutput(Protocol):
 
 class StepRecords:
     """The collector's output: each finished step as a :class:`StepRecord` (metrics read
-    off the merged states, derived throughput, stragglers, partial flags) for the sinks."""
+    off the merged states, derived throughput, stragglers, partial flags) for the sinks.
+    ``earlier`` (a collector without ``state_dir``): what an earlier instance of it may have
+    written, which flags records ``continued``; the record's flags are decided here."""
 
     local = False
 
-    def __init__(self, tps_window: int, health: Health) -> None:
+    def __init__(self, tps_window: int, health: Health, *, earlier: Earlier | None = None) -> None:
         self.tps_window = tps_window
         self.health = health
+        self.earlier = earlier
         self.totals: dict[str, Throughput] = {}
         """Per run: the throughput window and cumulative counts (``system/tps``)."""
         self._ratelog = RateLimitedLog(log)
@@ -146,14 +150,19 @@ class StepRecords:
         self._totals(run.name).derive(state.t_last, metrics)
         if state.spans:
             metrics.update(stragglers(state.spans))
+        continued, resent = (
+            (False, ()) if self.earlier is None else self.earlier.flags(run.name, state.step)
+        )
         record = StepRecord(
             run=run.name,
             step=state.step,
             metrics=metrics,
-            partial=bool(missing),
+            partial=bool(missing) or continued,
             missing=tuple(
                 f"{role}/{rank if rank >= 0 else 'overcounted'}" for role, rank in sorted(missing)
             ),
+            continued=continued,
+            resent=resent,
             ranks=len(state.contributors),
             nonfinite=dict(state.nonfinite),
             time=state.t_last,
@@ -165,8 +174,7 @@ class StepRecords:
         if record.partial:
             self._ratelog.warn(
                 f"partial:{run.name}",
-                f"run {run.name!r} step {state.step} emitted partial; missing "
-                f"{', '.join(record.missing)}",
+                f"run {run.name!r} step {state.step} emitted partial; {record.why_partial()}",
             )
         emit(record)
         return record.partial
@@ -195,5 +203,7 @@ class StepRecords:
     def forget(self, agg: Host, run: str, pids: list[int], emit: Emit | None) -> None:
         """Drop the run's throughput window and totals; the sinks forget it too."""
         self.totals.pop(run, None)
+        if self.earlier is not None:
+            self.earlier.forget(run, pids)
         if emit is not None:
             emit(RunForgotten(run))

@@ -30,6 +30,7 @@ from rlpulse.collector.intake.clock import ClockBound
 from rlpulse.collector.output.records import StepOutput, StepRecords
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs import completion
+from rlpulse.collector.runs.earlier import Earlier
 from rlpulse.collector.runs.forgetting import forget_gone, forget_run
 from rlpulse.collector.runs.members import FINISHED, ProducerInfo
 from rlpulse.collector.runs.membership import Membership
@@ -71,8 +72,13 @@ class Aggregator:
         self.emit = emit
         self.config = config
         self.health = health or Health()
+        self.earlier = Earlier(self.health) if output is None and not config.state_dir else None
+        """Without ``state_dir``: what an earlier instance of this collector may have written,
+        as its producers' hellos tell (``rlpulse.collector.runs.earlier``)."""
         self.output: StepOutput = (
-            output if output is not None else StepRecords(config.tps_window, self.health)
+            output
+            if output is not None
+            else StepRecords(config.tps_window, self.health, earlier=self.earlier)
         )
         self.catalog = catalog
         self.membership = Membership(
@@ -132,9 +138,12 @@ class Aggregator:
         with ``replay`` (recovery), data for steps already emitted is skipped silently."""
         kind = type(msg)
         if kind is protocol.Hello:
+            known = msg.producer in self.membership.producers
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
             if registered.logs and not registered.ghost:
                 self.run(registered.run).took_over(registered)
+                if self.earlier is not None and not known and not replay:
+                    self.earlier.hello(registered, msg)  # type: ignore[arg-type]
             self.configs.hello(registered, msg.config)  # type: ignore[union-attr]
             return
         if kind is protocol.RelayHello:
@@ -160,6 +169,8 @@ class Aggregator:
             if self.clock is not None:
                 entries = self.clock.entries(prod, entries, replay)
             data: protocol.Metrics = msg  # type: ignore[assignment]
+            if self.earlier is not None and self.earlier.resending:
+                self.earlier.metrics(prod, data, run.last_emitted)
             run.add(
                 prod,
                 entries,

@@ -64,7 +64,7 @@ class StdoutSink(Sink):
     def format(self, record: StepRecord) -> str:
         head = f"step {record.step}  run {record.run}  {record.ranks} ranks"
         if record.partial:
-            head += f"  PARTIAL (missing {', '.join(record.missing)})"
+            head += f"  PARTIAL ({record.why_partial()})"
         lines = [head]
         families: dict[str, list[str]] = defaultdict(list)
         for name in sorted(record.metrics):

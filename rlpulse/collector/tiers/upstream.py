@@ -17,6 +17,14 @@ acknowledgement says ``hold``. The record then waits, with no time limit while t
 answers: the sink heartbeats meanwhile (asking for an answer, so the root keeps hearing of
 the relay and the relay of the root), offers the record again every ``HEARTBEAT_S``, and goes
 on at the ``go`` or ``resend`` that lets it. Records behind it wait in the outbox.
+
+A collector above that answers but refuses the relay's handshake (CurveZMQ: the relay has no
+keys, or a key it does not list) is said once in the relay's log, with why, and counted
+(:attr:`UpstreamSink.refused`: in the relay's stop line and ``stopped.json``). A write then
+fails at once (:class:`UpstreamRefused`) instead of waiting out ``timeout_s``; the fan-out
+retries it with its backoff. ZeroMQ gives such a connection up, so the relay makes a new one
+``REFUSED_RETRY_S`` later: once the collector above lets it in (restarted with the relay's key
+allowed), forwarding goes on without a restart of the relay.
 """
 
 from __future__ import annotations
@@ -39,6 +47,13 @@ from rlpulse.schemas.errors import SchemaError
 from rlpulse.schemas.messages import Member, TableDecl
 
 log = logging.getLogger("rlpulse.collector.tiers.upstream")
+REFUSED_RETRY_S = 5.0
+"""After a refusal ZeroMQ gives up (a mechanism mismatch, a refused key), how long until the
+relay tries a new connection to the collector above."""
+
+
+class UpstreamRefused(ConnectionError):
+    """The collector above answered and refused this relay's handshake (CurveZMQ)."""
 
 
 def relay_id(state_dir: str | None) -> int:
@@ -96,6 +111,15 @@ class UpstreamSink(Sink):
         ``go`` or ``resend``)."""
         self._answer_at = 0.0
         """When the collector above last acknowledged anything (``clock``)."""
+        self.refused = 0
+        """Handshakes the collector above refused (CurveZMQ): the relay's stop line and
+        ``stopped.json`` say how many."""
+        self.refusal = ""
+        """Why the collector above refuses this relay, as its last refusal said; "" once it
+        answers (and before any refusal)."""
+        self._given_up_at: float | None = None
+        """When ZeroMQ gave the connection up after a refusal (``clock``): a new one is made
+        ``REFUSED_RETRY_S`` later."""
         self._ratelog = RateLimitedLog(log, interval_s=60.0)
 
     def report(self, state: Mapping[str, int]) -> None:
@@ -127,22 +151,49 @@ class UpstreamSink(Sink):
         pass  # the socket is made on the sink's own thread, at the first write
 
     def _link(self) -> Any:
+        given_up = self._given_up_at
+        if given_up is not None and self._clock() - given_up >= REFUSED_RETRY_S:
+            self._given_up_at = None  # refused for good by ZeroMQ: a new connection, a new try
+            self.close()
+            self._connected = self._answered = self.held = False
         if self._transport is None:
-            from rlpulse.wire.transport import ZmqTransport, load_curve
+            from rlpulse.wire.transport import RELAY, ZmqTransport, load_curve
 
             keys = self.config.upstream_curve
             curve = load_curve(keys["server_key"], keys["client_cert"]) if keys else None
             assert self.config.upstream is not None
-            self._transport = ZmqTransport(self.config.upstream, sndhwm=1000, curve=curve)
+            self._transport = ZmqTransport(
+                self.config.upstream, sndhwm=1000, curve=curve, client=RELAY
+            )
         return self._transport
+
+    def _rejected(self, why: str, final: bool) -> None:
+        """The collector above answered and refused our handshake: counted; said once (until
+        it lets us in), with why; ``final``: ZeroMQ gave the connection up."""
+        self.refused += 1
+        self._connected = self._answered = False
+        if final:
+            self._given_up_at = self._clock()
+        if not self.refusal:
+            log.warning(
+                "the collector above (%s) answered but refused this relay: %s. Records wait "
+                "here meanwhile (in state_dir; without one, retried, then dropped and counted); "
+                "the relay tries a new connection every %gs",
+                self.config.upstream,
+                why,
+                REFUSED_RETRY_S,
+            )
+        self.refusal = why
 
     def _pump(self, wait_s: float) -> None:
         """Connection events and acknowledgements, waiting up to ``wait_s`` for one."""
-        from rlpulse.wire.transport import Link
+        from rlpulse.wire.transport import Link, Rejected
 
         link = self._link()
         for event in link.events(wait_s if not self._connected else 0.0):
-            if event is Link.CONNECTED:
+            if isinstance(event, Rejected):
+                self._rejected(event.why, event.final)
+            elif event is Link.CONNECTED:
                 self._connected, self._answered, self.held = True, False, False
             elif event is Link.DISCONNECTED:
                 self._connected, self._answered, self.held = False, False, False
@@ -161,6 +212,9 @@ class UpstreamSink(Sink):
             if isinstance(msg, protocol.Ack):
                 self.member_late.update(msg.members)
                 self._answered = True
+                if self.refusal:
+                    log.info("the collector above (%s) lets this relay in", self.config.upstream)
+                    self.refusal = ""
                 progressed, self._acked = msg.seq > self._acked, max(self._acked, msg.seq)
                 self._answer_at = self._clock()
                 if msg.hold and not self.held:
@@ -190,11 +244,18 @@ class UpstreamSink(Sink):
         after a reconnection) until ``done()``; raise after ``timeout_s`` without an answer
         (this relay's own pauses left out, as ``rlpulse.collector.loopclock`` leaves them out).
         While the collector above holds this relay back, heartbeat and offer it again every
-        ``HEARTBEAT_S`` instead, for as long as it answers (see the module docstring)."""
+        ``HEARTBEAT_S`` instead, for as long as it answers (see the module docstring). Raise
+        :class:`UpstreamRefused` at once when the collector above refuses our handshake."""
         deadline = last = self._clock()
         deadline += self.timeout_s
         sent_at = -1.0
+        self._link()  # a new connection if the last one was refused long enough ago
+        refused = self.refused
         while not done():
+            if self.refused > refused or self._given_up_at is not None:
+                raise UpstreamRefused(  # why: in the warning logged once (_rejected)
+                    f"the collector above ({self.config.upstream}) refuses this relay's handshake"
+                )
             now = self._clock()
             if now - last > LOOP_GAP_S:  # this relay did not run (frozen): not the root's delay
                 deadline += now - last

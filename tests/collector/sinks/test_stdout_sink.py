@@ -58,3 +58,21 @@ def test_a_samples_line_that_fails_leaves_the_numbers_printed(
         "  time     rollout=1.5",
         "  val      samples=1",
     ]
+
+
+def test_a_partial_step_says_why_missing_ranks_or_a_continued_record() -> None:
+    """The head line of a partial step names its missing ranks, and for a record a collector
+    restarted without ``state_dir`` wrote of a step its earlier instance may have written,
+    says so, with the ranks whose calls may be in both (``StepRecord.why_partial``)."""
+    sink = StdoutSink()
+    missing = StepRecord(run="r", step=3, metrics={}, partial=True, missing=("a/1",))
+    assert sink.format(missing).splitlines()[0].endswith("PARTIAL (missing a/1)")
+    again = StepRecord(run="r", step=3, metrics={}, partial=True, continued=True, resent=("a/0",))
+    assert (
+        sink.format(again)
+        .splitlines()[0]
+        .endswith(
+            "PARTIAL (continued: an earlier collector instance may have written part of it; "
+            "calls of a/0 may be counted there too)"
+        )
+    )
