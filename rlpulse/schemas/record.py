@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from rlpulse.schemas.ledger import StepLedger
 from rlpulse.schemas.samples import SampleState
 from rlpulse.schemas.spans import Span
 
@@ -55,6 +56,10 @@ class StepRecord:
     """Per samples name (values logged as ``Samples``), the step's rows merged over every rank:
     top and bottom ``k`` by the key and a uniform random ``k`` (``rlpulse.schemas.samples``).
     The JSON line carries them readably under ``samples``; the outbox keeps their wire form."""
+    ledger: StepLedger | None = None
+    """Where the step's wall time went beyond the ``ledger/...`` metrics
+    (``rlpulse.schemas.ledger``): the critical path in order, who is behind each bucket, the
+    cause of a slow step. The JSON line carries it under ``ledger``; None without spans."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +77,7 @@ class StepRecord:
                 if self.samples
                 else {}
             ),
+            **({"ledger": msgspec.to_builtins(self.ledger)} if self.ledger is not None else {}),
         }
 
     def encode(self, **extra: Any) -> bytes:
@@ -105,6 +111,7 @@ class StepRecord:
             samples={
                 str(n): SampleState.from_wire(w) for n, w in obj.get("samples_wire", {}).items()
             },
+            ledger=msgspec.convert(obj["ledger"], StepLedger) if "ledger" in obj else None,
         )
 
 

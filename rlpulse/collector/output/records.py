@@ -7,7 +7,7 @@ collector's output is :class:`StepRecords` (a :class:`~rlpulse.schemas.record.St
 the sinks); a relay's is ``rlpulse.collector.tiers.relay.Relay`` (a delta for the collector above):
 one aggregator, two outputs, no subclass.
 
->>> out = StepRecords(tps_window=10, health=Health())
+>>> out = StepRecords(tps_window=10, health=Health(), ledger_margin=0.2)
 >>> out.local
 False
 """
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from rlpulse.collector.health import Health
 from rlpulse.collector.output.derived import Throughput
+from rlpulse.collector.output.ledgers import Ledgers
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
 from rlpulse.collector.runs.membership import Membership
@@ -115,13 +116,15 @@ class StepOutput(Protocol):
 
 class StepRecords:
     """The collector's output: each finished step as a :class:`StepRecord` (metrics read
-    off the merged states, derived throughput, stragglers, partial flags) for the sinks."""
+    off the merged states, derived throughput, stragglers, the step ledger, partial flags)
+    for the sinks. ``ledger_margin``: see ``CollectorConfig``."""
 
     local = False
 
-    def __init__(self, tps_window: int, health: Health) -> None:
+    def __init__(self, tps_window: int, health: Health, ledger_margin: float) -> None:
         self.tps_window = tps_window
         self.health = health
+        self.ledgers = Ledgers(ledger_margin)
         self.totals: dict[str, Throughput] = {}
         """Per run: the throughput window and cumulative counts (``system/tps``)."""
         self._ratelog = RateLimitedLog(log)
@@ -144,8 +147,10 @@ class StepRecords:
             missing = missing | over
         metrics, roles = run.read(state)
         self._totals(run.name).derive(state.t_last, metrics)
+        ledger = None
         if state.spans:
             metrics.update(stragglers(state.spans))
+            ledger = self.ledgers.add(run.name, state.spans, metrics)
         record = StepRecord(
             run=run.name,
             step=state.step,
@@ -161,6 +166,7 @@ class StepRecords:
             spans=tuple(state.spans),
             distributions=run.distributions(state),
             samples={run.names.names[j]: merged for j, merged in state.samples.items()},
+            ledger=ledger,
         )
         if record.partial:
             self._ratelog.warn(
@@ -181,19 +187,24 @@ class StepRecords:
         pass
 
     def note_emitted(self, agg: Host, record: StepRecord) -> None:
-        """Continue the run's throughput window and cumulative totals from ``record``."""
+        """Continue the run's throughput window, cumulative totals and the window of its
+        ledger's steps from ``record``."""
         self._totals(record.run).resume(record.time, record.metrics)
+        self.ledgers.note_emitted(record.run, record.metrics)
 
     def snapshot(self, agg: Host, out: dict) -> None:
         for name, data in out["runs"].items():
             data.update(self._totals(name).snapshot())
+            data["ledger_steps"] = self.ledgers.snapshot(name)
 
     def restore(self, agg: Host, snapshot: Mapping) -> None:
         for name, data in snapshot.get("runs", {}).items():
             self._totals(name).restore(data)
+            self.ledgers.restore(name, data.get("ledger_steps", []))
 
     def forget(self, agg: Host, run: str, pids: list[int], emit: Emit | None) -> None:
         """Drop the run's throughput window and totals; the sinks forget it too."""
         self.totals.pop(run, None)
+        self.ledgers.forget(run)
         if emit is not None:
             emit(RunForgotten(run))

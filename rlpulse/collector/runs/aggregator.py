@@ -70,7 +70,9 @@ class Aggregator:
         self.config = config
         self.health = health or Health()
         self.output: StepOutput = (
-            output if output is not None else StepRecords(config.tps_window, self.health)
+            output
+            if output is not None
+            else StepRecords(config.tps_window, self.health, config.ledger_margin)
         )
         self.catalog = catalog
         self.membership = Membership(
