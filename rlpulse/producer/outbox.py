@@ -27,6 +27,7 @@ up ZeroMQ may still be handshaking and refuse the first send.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,6 +274,7 @@ class Registration:
             metrics_url=ident.metrics_url,
             logs=ident.logs,
             resume=ident.resume,
+            sent=time.time(),  # our clock, for the collector to measure its offset
         )
 
     @property

@@ -209,6 +209,21 @@ class Phase:
         else:
             self._hooks.emit(self._metrics, self._step, phase=True)
 
+    def add(self, data: Mapping[str, Any]) -> None:
+        """Log ``data`` with the phase's own metrics, in the one ``log()`` call its end makes,
+        so the collector reads them with the phase's span: a generation's
+        ``rollout/response/finish`` and ``rollout/response/longest`` (the step ledger's
+        rollout tail and its engine). Values as ``log()`` takes them; never raises.
+
+        >>> # with producer.phase("rollout/generate", step=3) as phase:
+        >>> #     phase.add({"rollout/response/longest": 60})
+        """
+        if self._names is not None:
+            try:
+                self._metrics.update(data)
+            except Exception as exc:  # an odd mapping must not break training
+                self._hooks.error("phase add", exc)
+
     def _mark(self, point: str) -> bool:
         """Record a timing marker; on a CUDA error give the timer up (counted)."""
         if self._timer is None:

@@ -133,7 +133,7 @@ def checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) ->
                 raise SchemaError("bad_field", "a span's role, phase or host is too long")
     if type(msg) is Heartbeat:
         stats = checked_stats(msg.stats)
-        return Heartbeat(msg.producer, msg.seq, stats, msg.flush)
+        return Heartbeat(msg.producer, msg.seq, stats, msg.flush, msg.sent)
     if type(msg) is Bye:
         return Bye(msg.producer, msg.seq, checked_stats(msg.stats))
     return msg

@@ -95,7 +95,10 @@ def encode_hello(
     metrics_url: str = "",
     logs: bool = True,
     resume: bool = False,
+    sent: float = 0.0,
 ) -> bytes:
+    """A hello; ``sent``: the producer's clock now (0: unstamped), from which the collector
+    measures its clock's offset (``Hello.sent``)."""
     return _ENCODER.encode(
         Hello(
             producer,
@@ -111,6 +114,7 @@ def encode_hello(
             metrics_url,
             logs,
             resume,
+            sent,
         )
     )
 
@@ -175,9 +179,10 @@ def encode_done(producer: int, seq: int, step: int) -> bytes:
 
 
 def encode_heartbeat(
-    producer: int, seq: int, stats: Mapping[str, int], flush: bool = False
+    producer: int, seq: int, stats: Mapping[str, int], flush: bool = False, sent: float = 0.0
 ) -> bytes:
-    return _ENCODER.encode(Heartbeat(producer, seq, dict(stats), flush))
+    """A heartbeat; ``sent`` as in :func:`encode_hello`."""
+    return _ENCODER.encode(Heartbeat(producer, seq, dict(stats), flush, sent))
 
 
 def encode_bye(producer: int, seq: int, stats: Mapping[str, int]) -> bytes:

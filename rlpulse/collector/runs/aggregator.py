@@ -127,10 +127,14 @@ class Aggregator:
         kind = type(msg)
         if kind is protocol.Hello:
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
+            if self.clock is not None and not replay:
+                self.clock.sample(msg.producer, msg.sent)  # type: ignore[union-attr]
             if registered.logs and not registered.ghost:
                 self.run(registered.run).took_over(registered)
             return
         if kind is protocol.RelayHello:
+            if self.clock is not None and not replay:
+                self.clock.sample(msg.producer, msg.sent)  # type: ignore[union-attr]
             self._relay_hello(msg, now)  # type: ignore[arg-type]
             return
         prod = self.membership.seen(msg.producer, now)
@@ -170,6 +174,8 @@ class Aggregator:
             self.run(prod.run).done(prod, msg.step, now)
         elif isinstance(msg, protocol.Heartbeat):
             self.membership.note_stats(prod, msg.stats)
+            if self.clock is not None:
+                self.clock.sample(prod.pid, msg.sent)
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
             self.run(prod.run).done(prod, FINISHED, now)
@@ -362,10 +368,14 @@ class Aggregator:
             else:
                 data["last_emitted"] = -1
         self.output.snapshot(self, out)
+        if self.clock is not None and self.clock.offsets:
+            out["clock_offsets"] = self.clock.snapshot()
         return out
 
     def restore(self, snapshot: Mapping, now: float) -> None:
         self._now = now
+        if self.clock is not None:
+            self.clock.restore(snapshot.get("clock_offsets", []))
         self.membership.restore(snapshot, now)
         for run in self.runs.values():  # the members restored replace any made before
             run.members = self.membership.runs.get(run.name, run.members)

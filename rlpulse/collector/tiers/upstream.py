@@ -72,6 +72,9 @@ class UpstreamSink(Sink):
         """The state the root last heard."""
         self._beat_at = -HEARTBEAT_S
         """When anything last went up (``time.monotonic``)."""
+        self._stamped_at = -HEARTBEAT_S
+        """When a heartbeat last went up: one every ``HEARTBEAT_S`` also while deltas flow,
+        so the collector above keeps measuring this relay's clock offset (its stamp)."""
 
     def report(self, state: Mapping[str, int]) -> None:
         """The relay's own state for its next heartbeats (``RELAY_STAT_KEYS``); any thread."""
@@ -85,7 +88,8 @@ class UpstreamSink(Sink):
         ``state_dir`` full)."""
         with self._state_lock:
             changed = self._state != self._told
-        if changed or time.monotonic() - self._beat_at >= HEARTBEAT_S:
+        now = time.monotonic()
+        if changed or now - self._beat_at >= HEARTBEAT_S or now - self._stamped_at >= HEARTBEAT_S:
             self._heartbeat()
 
     def _heartbeat(self) -> None:
@@ -93,8 +97,10 @@ class UpstreamSink(Sink):
         if self._connected and self._answered:
             with self._state_lock:
                 stats = dict(self._state)
-            self._link().send(protocol.encode(protocol.Heartbeat(self.producer_id, 0, stats)))
-            self._beat_at, self._told = time.monotonic(), stats
+            beat = protocol.Heartbeat(self.producer_id, 0, stats, False, time.time())
+            self._link().send(protocol.encode(beat))
+            self._beat_at = self._stamped_at = time.monotonic()
+            self._told = stats
 
     def open(self) -> None:
         pass  # the socket is made on the sink's own thread, at the first write
@@ -145,6 +151,7 @@ class UpstreamSink(Sink):
             os.getpid(),
             list(self._tables.values()),
             list(self._members.values()),
+            time.time(),  # our clock: the collector above measures its offset from it
         )
         self._link().send(protocol.encode(hello))
 
