@@ -53,8 +53,8 @@ LEDGER_MEDIAN = Entry(
     "ledger/median",
     Reduction.LAST,
     "s",
-    f"The median ledger/wall of the run's previous {WINDOW} steps (from its {MIN_HISTORY}rd "
-    f"step on): the step a slow step is measured against. {_BY}",
+    f"The median ledger/wall of the run's previous {WINDOW} steps (from its second step on): "
+    f"the step a slow step is measured against. {_BY}",
     derived=True,
 )
 LEDGER_EXCESS = Entry(
@@ -79,16 +79,16 @@ class RollingSteps:
         self, metrics: Mapping[str, float], ledger: StepLedger, margin: float
     ) -> tuple[dict[str, float], Cause | None]:
         """The step with these ``ledger/...`` ``metrics``: ``ledger/median`` and
-        ``ledger/excess`` (once the run has :data:`MIN_HISTORY` steps), and its cause when it
-        is slow (else None). The step then joins the window."""
+        ``ledger/excess`` (from the run's second step), and its cause when it is slow and the
+        run has had :data:`MIN_HISTORY` steps (else None). The step then joins the window."""
         wall, mine = metrics[LEDGER_WALL.name], items(metrics)
         out: dict[str, float] = {}
         cause = None
-        if len(self.steps) >= MIN_HISTORY:
+        if self.steps:
             median = statistics.median(w for w, _ in self.steps)
             excess = wall - median
             out = {LEDGER_MEDIAN.name: median, LEDGER_EXCESS.name: excess}
-            if excess > margin * median:
+            if len(self.steps) >= MIN_HISTORY and excess > margin * median:
                 cause = self._cause(mine, ledger, excess)
         self.steps.append((wall, mine))
         return out, cause
