@@ -6,14 +6,15 @@ run's previous :data:`WINDOW` steps (once there are :data:`MIN_HISTORY`) by more
 *excess* is its wall time less that median.
 
 The step's ledger is read as *items*: a bucket of one phase (``straggler`` of
-``actor_train/train_step``, ``work`` of ``rollout/generate``, ``sync`` of
-``actor_train/model_update``...), ``gaps`` and ``unaccounted``
-(``rlpulse.schemas.ledger.items``). Each item's *rise* is its seconds in this step less its
-median over the same previous steps (a step without it counts 0). The cause is the item that
-rose most, named with the role and rank behind it in this step (the slowest rank of a
-straggler, the engine of the step's longest response for a rollout tail), if its rise
-explains at least :data:`EXPLAINS` of the excess; otherwise the cause is ``mixed``, with the
-three items that rose most. Every step, slow or not, then joins the window.
+``train_step``, ``work`` of ``generate``, ``sync`` of ``model_update``...), whichever role's
+phase was on the path (the critic's training taking the path over from the actor's, which ran
+beside it, is no rise), ``gaps`` and ``unaccounted``. Each item's *rise* is its seconds in this
+step less its median over the same previous steps (a step without it counts 0). The cause is
+the item that rose most, named with the role, rank and phase behind it in this step (the
+role's phase with the most of the item's seconds; the slowest rank of a straggler, the engine
+of the step's longest response for a rollout tail), if its rise explains at least
+:data:`EXPLAINS` of the excess; otherwise the cause is ``mixed``, with the three items that
+rose most. Every step, slow or not, then joins the window.
 
 >>> from rlpulse.schemas import ledger as L
 >>> steps = RollingSteps()
@@ -81,7 +82,8 @@ class RollingSteps:
         """The step with these ``ledger/...`` ``metrics``: ``ledger/median`` and
         ``ledger/excess`` (from the run's second step), and its cause when it is slow and the
         run has had :data:`MIN_HISTORY` steps (else None). The step then joins the window."""
-        wall, mine = metrics[LEDGER_WALL.name], items(metrics)
+        wall, detail = metrics[LEDGER_WALL.name], items(metrics)
+        mine = by_phase(detail)
         out: dict[str, float] = {}
         cause = None
         if self.steps:
@@ -89,11 +91,17 @@ class RollingSteps:
             excess = wall - median
             out = {LEDGER_MEDIAN.name: median, LEDGER_EXCESS.name: excess}
             if len(self.steps) >= MIN_HISTORY and excess > margin * median:
-                cause = self._cause(mine, ledger, excess)
+                cause = self._cause(mine, detail, ledger, excess)
         self.steps.append((wall, mine))
         return out, cause
 
-    def _cause(self, mine: Mapping[str, float], ledger: StepLedger, excess: float) -> Cause:
+    def _cause(
+        self,
+        mine: Mapping[str, float],
+        detail: Mapping[str, float],
+        ledger: StepLedger,
+        excess: float,
+    ) -> Cause:
         keys = set(mine).union(*(its for _, its in self.steps))
         rises = sorted(
             (
@@ -102,7 +110,9 @@ class RollingSteps:
             ),
             reverse=True,
         )
-        named = [_named(k, rise, rise / excess, ledger) for rise, k in rises[:TOP] if rise > 0]
+        named = [
+            _named(k, rise, rise / excess, detail, ledger) for rise, k in rises[:TOP] if rise > 0
+        ]
         if named and named[0].share >= EXPLAINS:
             return named[0]
         return Cause("mixed", seconds=excess, share=1.0, top=named)
@@ -110,7 +120,7 @@ class RollingSteps:
     def add(self, metrics: Mapping[str, float]) -> None:
         """Recovery: a step already emitted (its record's metrics) joins the window."""
         if LEDGER_WALL.name in metrics:
-            self.steps.append((metrics[LEDGER_WALL.name], items(metrics)))
+            self.steps.append((metrics[LEDGER_WALL.name], by_phase(items(metrics))))
 
     def snapshot(self) -> list:
         return [[wall, its] for wall, its in self.steps]
@@ -121,9 +131,26 @@ class RollingSteps:
             self.steps.append((float(wall), {str(k): float(v) for k, v in its.items()}))
 
 
-def _named(key: str, rise: float, share: float, ledger: StepLedger) -> Cause:
-    """The item ``key`` (``bucket:cluster/phase``) as a cause, with who is behind it."""
+def by_phase(detail: Mapping[str, float]) -> dict[str, float]:
+    """Items (``bucket:cluster/phase``, ``rlpulse.schemas.ledger.items``) pooled by bucket
+    and phase, whichever role ran it: ``bucket:phase``."""
+    out: dict[str, float] = {}
+    for key, seconds in detail.items():
+        bucket, _, where = key.partition(":")
+        pooled = f"{bucket}:{where.rpartition('/')[2]}" if where else bucket
+        out[pooled] = out.get(pooled, 0.0) + seconds
+    return out
+
+
+def _named(
+    key: str, rise: float, share: float, detail: Mapping[str, float], ledger: StepLedger
+) -> Cause:
+    """The item ``key`` (``bucket:phase``) as a cause, with the role's phase behind it in this
+    step (the one with the most of its seconds) and who ran it."""
     bucket, _, phase = key.partition(":")
-    who = ledger.who.get("longest" if bucket == TAIL else key) or ledger.who.get(key, "")
+    own = [(s, k) for k, s in detail.items() if k.partition(":")[0] == bucket and phase]
+    own = [(s, k) for s, k in own if k.rpartition("/")[2] == phase]
+    where = max(own)[1] if own else key
+    who = ledger.who.get("longest" if bucket == TAIL else where) or ledger.who.get(where, "")
     role, _, rank = who.rpartition("/")
-    return Cause(bucket, role, int(rank) if rank else -1, phase, rise, share)
+    return Cause(bucket, role, int(rank) if rank else -1, where.partition(":")[2], rise, share)

@@ -66,3 +66,20 @@ def test_the_rlpulse_command_runs_it(tmp_path: Path, capsys) -> None:  # type: i
     path = jsonl(tmp_path, records())
     assert rlpulse(["why", str(path), "--step", "2"]) == 0
     assert capsys.readouterr().out.startswith("run demo, step 2: ")
+
+
+def test_the_docs_command_as_written(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """docs/ledger.md's ``rlpulse why`` line, run where a demo run's jsonl lies."""
+    import shlex
+
+    from tests.docs import doc_block
+
+    (command,) = doc_block("docs/ledger.md", "## Where to read it", "bash").splitlines()
+    argv = shlex.split(command)
+    assert argv[0] == "rlpulse"
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    jsonl(tmp_path / "runs" / "demo", records(n=14, slow=12))
+    monkeypatch.chdir(tmp_path)
+    assert rlpulse(argv[1:]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run demo, step 12: ") and "cause (named by the collector" in out

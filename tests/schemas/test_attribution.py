@@ -108,3 +108,42 @@ def test_the_window_rolls_and_survives_a_snapshot() -> None:
     for i in range(6):
         read_back.add(step_metrics(demo_step(10.0 * i, reward=0.1 + i), 1.0)[0])
     assert list(read_back.steps) == list(window.steps), "rebuilt from records' metrics alike"
+
+
+def test_a_parallel_role_taking_the_path_over_is_no_rise() -> None:
+    """The critic trains beside the actor, a little shorter; in the slow step it ends a
+    little later (the path is in the critic's training instead of the actor's) and one
+    response is long. The cause is the tail, not the critic's training rising from nothing."""
+
+    def step(t0: float, critic: float, tail: float) -> list[Span]:
+        gen_end = t0 + 1.0 + tail
+        longest = 60 if tail else 6
+        return [
+            Span(
+                "rollout",
+                0,
+                "h",
+                "rollout",
+                "generate",
+                t0,
+                gen_end,
+                1.0 + tail,
+                None,
+                None,
+                None,
+                longest,
+            ),
+            Span("actor_train", 0, "h", "actor_train", "train_step", gen_end, gen_end + 1.0, 1.0),
+            Span("critic", 0, "h", "critic", "train_step", gen_end, gen_end + critic, critic),
+        ]
+
+    window = A.RollingSteps()
+    for i in range(5):
+        judged(window, step(10.0 * i, critic=0.95, tail=0.0))
+    _, cause = judged(window, step(100.0, critic=1.05, tail=0.6))
+    assert cause is not None
+    assert (cause.bucket, f"{cause.role}/{cause.rank}", cause.phase) == (
+        L.TAIL,
+        "rollout/0",
+        "rollout/generate",
+    )
