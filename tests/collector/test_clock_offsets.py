@@ -14,6 +14,7 @@ from rlpulse.collector.config import CollectorConfig
 from rlpulse.collector.health import Health
 from rlpulse.collector.intake.clock import APPLY_OFFSET_S, OFFSET_SAMPLES, ClockBound
 from rlpulse.collector.runs.aggregator import Aggregator
+from rlpulse.collector.runs.members import ProducerInfo
 from rlpulse.collector.tiers.relay import Relay as RelayOutput, RelayRecord
 from rlpulse.schemas import ledger as L, metrics as M, protocol as P
 from rlpulse.schemas.errors import SchemaError
@@ -23,49 +24,49 @@ from tests.collector.helpers import TIMING, Declaring, hello, metrics
 # --------------------------------------------------------------------------- the estimate
 
 
+PROD = ProducerInfo(7, "r", "actor_train", 0, 1, "host", 0.0)
+
+
 def test_the_offset_is_the_least_delay_over_the_last_stamps() -> None:
     now = [1000.0]
     clock = ClockBound(lambda: now[0], Health())
     for delay in (0.040, 0.002, 0.030):  # a clock 1.5 s ahead; the messages took this long
         now[0] += 1.0
-        clock.sample(7, sent=now[0] + 1.5 - delay)
+        clock.sample(PROD, sent=now[0] + 1.5 - delay)
     assert clock.offsets[7] == pytest.approx(-1.5 + 0.002)
-    clock.sample(7, sent=0.0)  # not stamped: nothing learnt
+    clock.sample(PROD, sent=0.0)  # not stamped: nothing learnt
     assert clock.offsets[7] == pytest.approx(-1.498)
     # a clock that jumps ahead (an hour) is followed at once
     now[0] += 1.0
-    clock.sample(7, sent=now[0] + 3600.0 - 0.001)
+    clock.sample(PROD, sent=now[0] + 3600.0 - 0.001)
     assert clock.offsets[7] == pytest.approx(-3599.999)
     # one that jumps back, once the older stamps have aged out
     for i in range(OFFSET_SAMPLES):
         now[0] += 1.0
-        clock.sample(7, sent=now[0] - 0.2 - 0.001)
+        clock.sample(PROD, sent=now[0] - 0.2 - 0.001)
         assert clock.offsets[7] == pytest.approx(-3599.999 if i < OFFSET_SAMPLES - 1 else 0.201)
 
 
 def test_a_synchronised_clock_is_left_alone() -> None:
     now = [50.0]
     clock = ClockBound(lambda: now[0], Health())
-    clock.sample(3, sent=now[0] - APPLY_OFFSET_S / 2)
-    assert 3 not in clock.offsets
+    clock.sample(PROD, sent=now[0] - APPLY_OFFSET_S / 2)
+    assert PROD.pid not in clock.offsets
     prod_entries = [(0, 49.0, 1, b"", {})]
-    from rlpulse.collector.runs.members import ProducerInfo
-
-    prod = ProducerInfo(3, "r", "actor_train", 0, 1, "host", 0.0)
-    assert clock.entries(prod, prod_entries, replay=False) is prod_entries, "no copy"
+    assert clock.entries(PROD, prod_entries, replay=False) is prod_entries, "no copy"
 
 
 def test_offsets_survive_a_restart_and_forgetting_drops_them() -> None:
     now = [10.0]
     clock = ClockBound(lambda: now[0], Health())
-    clock.sample(1, sent=8.0)
+    clock.sample(PROD, sent=8.0)
     again = ClockBound(lambda: now[0], Health())
     again.restore(msgspec.json.decode(msgspec.json.encode(clock.snapshot())))
-    assert again.offsets == {1: 2.0}
+    assert again.offsets == {7: 2.0}
     now[0] = 20.0
-    again.sample(1, sent=17.5)  # a backlog after the restart: slower than what was known
-    assert again.offsets == {1: 2.0}
-    again.forget([1])
+    again.sample(PROD, sent=17.5)  # a backlog after the restart: slower than what was known
+    assert again.offsets == {7: 2.0}
+    again.forget([7])
     assert again.offsets == {}
 
 

@@ -26,7 +26,7 @@ more than ``CLOCK_SKEW_S`` ahead (a clock that jumped since its last stamp) is c
 >>> prod = ProducerInfo(1, "r", "actor_train", 0, 1, "host", 0.0)
 >>> clock.entries(prod, [(3, 150.0, 0, b"", {})], replay=False)[0][1]
 100.0
->>> clock.sample(1, sent=98.5); clock.offsets[1]   # its clock is 1.5 s ahead
+>>> clock.sample(prod, sent=98.5); clock.offsets[1]   # its clock is 1.5 s behind
 1.5
 >>> clock.entries(prod, [(3, 97.0, 0, b"", {})], replay=False)[0][1]
 98.5
@@ -72,11 +72,12 @@ class ClockBound:
         self._noted: set[int] = set()
         """Producers whose offset was logged."""
 
-    def sample(self, pid: int, sent: float) -> None:
-        """A message producer ``pid`` stamped ``sent`` on its clock arrives now (0: not
-        stamped, by a producer that predates stamps: its times stay as given)."""
+    def sample(self, prod: ProducerInfo, sent: float) -> None:
+        """A message ``prod`` (a producer, or a relay) stamped ``sent`` on its clock arrives
+        now (0: not stamped, by a producer that predates stamps: its times stay as given)."""
         if not sent:
             return
+        pid = prod.pid
         samples = self._samples.get(pid)
         if samples is None:
             samples = self._samples[pid] = deque(maxlen=OFFSET_SAMPLES)
@@ -89,9 +90,9 @@ class ClockBound:
         if abs(offset) >= NOTE_OFFSET_S and pid not in self._noted:
             self._noted.add(pid)
             log.info(
-                "producer %x's clock is %.3fs %s this collector's: its times are placed on the "
-                "collector's timeline",
-                pid,
+                "%s's clock is %.3fs %s this collector's: its times are placed on the "
+                "collector's timeline (noted once)",
+                describe(prod),
                 abs(offset),
                 "behind" if offset > 0 else "ahead of",
             )
@@ -113,8 +114,7 @@ class ClockBound:
         ahead = max(e[1] for e in entries) - bound
         if ahead > CLOCK_SKEW_S and not replay:
             self.health.clock_skew += sum(1 for e in entries if e[1] - bound > CLOCK_SKEW_S)
-            who = f"{prod.role}/{prod.rank} of run {prod.run!r} (host {prod.host})"
-            self.warn(prod.pid, who, ahead)
+            self.warn(prod.pid, describe(prod), ahead)
         return [(e[0], min(e[1], bound), *e[2:]) for e in entries]
 
     def forget(self, pids: list[int]) -> None:
@@ -135,6 +135,7 @@ class ClockBound:
             self._samples[int(pid)] = deque([float(offset)], maxlen=OFFSET_SAMPLES)
 
     def warn(self, pid: int, who: str, ahead: float) -> None:
+        """Name ``who`` (producer or relay ``pid``) once for a clock ``ahead`` seconds ahead."""
         if pid in self._skewed:
             return
         self._skewed.add(pid)
@@ -145,3 +146,11 @@ class ClockBound:
             who,
             ahead,
         )
+
+
+def describe(prod: ProducerInfo) -> str:
+    """A producer (``actor_train/1 of run 'r' (host h)``) or a relay (``relay 1a2b (host h)``)
+    as the log names it."""
+    if prod.role == "relay" and not prod.run:
+        return f"relay {prod.pid:x} (host {prod.host})"
+    return f"{prod.role}/{prod.rank} of run {prod.run!r} (host {prod.host})"

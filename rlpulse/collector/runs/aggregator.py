@@ -128,14 +128,15 @@ class Aggregator:
         if kind is protocol.Hello:
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
             if self.clock is not None and not replay:
-                self.clock.sample(msg.producer, msg.sent)  # type: ignore[union-attr]
+                self.clock.sample(registered, msg.sent)  # type: ignore[union-attr]
             if registered.logs and not registered.ghost:
                 self.run(registered.run).took_over(registered)
             return
         if kind is protocol.RelayHello:
-            if self.clock is not None and not replay:
-                self.clock.sample(msg.producer, msg.sent)  # type: ignore[union-attr]
             self._relay_hello(msg, now)  # type: ignore[arg-type]
+            relay = self.membership.relays.get(msg.producer)
+            if self.clock is not None and not replay and relay is not None:
+                self.clock.sample(relay, msg.sent)  # type: ignore[union-attr]
             return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
@@ -175,7 +176,7 @@ class Aggregator:
         elif isinstance(msg, protocol.Heartbeat):
             self.membership.note_stats(prod, msg.stats)
             if self.clock is not None:
-                self.clock.sample(prod.pid, msg.sent)
+                self.clock.sample(prod, msg.sent)
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
             self.run(prod.run).done(prod, FINISHED, now)
