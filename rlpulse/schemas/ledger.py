@@ -38,7 +38,7 @@ which phases of two or more roles ran at once (a pipeline overlapping roles; the
 reference beside the reward, the critic beside the actor). Each such second is on the path
 once, in the span the step waited for; the others' work was hidden under it.
 
-Per phase on the path, ``ledger/path/{cluster}/{phase}/{part}`` gives its seconds by part
+Per phase of the step, ``ledger/path/{cluster}/{phase}/{part}`` gives its path seconds by part
 (``execute``, ``onload``, ``offload``, ``straggler``, ``tail``), and the record names the rank
 behind each: the slowest rank of a straggler, the engine of the step's longest response.
 
@@ -201,7 +201,8 @@ class Ledger:
     buckets: Mapping[str, float]
     """Seconds per bucket (:data:`BUCKETS`, summing to the wall time) and ``overlap``."""
     parts: Mapping[tuple[str, str, str], float]
-    """Path seconds by ``(cluster, phase, part)``."""
+    """Path seconds by ``(cluster, phase, part)``, for every part of every phase of the step
+    (0 when not on the path)."""
     record: StepLedger
 
     @property
@@ -235,7 +236,7 @@ def items(metrics: Mapping[str, float]) -> dict[str, float]:
         if seconds:
             out[bucket] = seconds
     for name, seconds in metrics.items():
-        if not name.startswith("ledger/path/"):
+        if not seconds or not name.startswith("ledger/path/"):
             continue
         found = LEDGER_PATH.match(name)
         if found is None:
@@ -262,7 +263,9 @@ def compute(spans: Iterable[Span], finish_p90: float | None = None) -> Ledger | 
     for s in ordered:
         parallel.setdefault((s.cluster, s.phase), []).append(s)
     buckets = dict.fromkeys(BUCKETS, 0.0)
-    parts: dict[tuple[str, str, str], float] = {}
+    # every part of every phase of the step, 0 when not on the path: a gauge that kept the
+    # last step's value would show a stale straggler or tail
+    parts = {(c, p, part): 0.0 for c, p in parallel for part in PATH_PARTS}
     on_path: dict[str, dict[tuple[str, int], float]] = {}
     segments = []
     for a, b, span in path:

@@ -87,7 +87,8 @@ def test_a_demo_like_step_is_accounted_for_second_by_second() -> None:
     assert parts[("rollout", "generate", "onload")] == pytest.approx(0.05)
     assert parts[("rollout", "generate", "execute")] == pytest.approx(1.0)
     assert parts[("rollout", "generate", "tail")] == pytest.approx(0.95)
-    assert ("rollout", "generate", "offload") not in parts, "offload lies in the tail"
+    assert parts[("rollout", "generate", "offload")] == 0.0, "offload lies in the tail"
+    assert parts[("reward", "compute_rewards", "execute")] == 0.0, "off the path: 0, stated"
     assert parts[("actor_train", "train_step", "straggler")] == pytest.approx(1.0)
 
 
