@@ -62,84 +62,28 @@ from dataclasses import dataclass
 
 import msgspec
 
-from rlpulse.schemas.catalog import Entry, Template
-from rlpulse.schemas.reductions import Reduction
+from rlpulse.schemas.ledger_names import (  # the names, re-exported for the ledger's readers
+    BUCKETS as BUCKETS,
+    CHECKPOINT as CHECKPOINT,
+    ENTRIES as ENTRIES,
+    GAPS as GAPS,
+    LEDGER_BUCKET as LEDGER_BUCKET,
+    LEDGER_FRACTION as LEDGER_FRACTION,
+    LEDGER_PATH as LEDGER_PATH,
+    LEDGER_WALL as LEDGER_WALL,
+    OVERLAP as OVERLAP,
+    PATH_PARTS as PATH_PARTS,
+    PHASE_BUCKET as PHASE_BUCKET,
+    REWARD as REWARD,
+    STRAGGLER as STRAGGLER,
+    SYNC as SYNC,
+    TAIL as TAIL,
+    TEMPLATES as TEMPLATES,
+    UNACCOUNTED as UNACCOUNTED,
+    WORK as WORK,
+)
 from rlpulse.schemas.spans import Span
-from rlpulse.schemas.topology import (
-    COMPUTE_REWARDS,
-    DO_CHECKPOINT,
-    GENERATE,
-    MODEL_UPDATE,
-    PHASES,
-)
-
-WORK, STRAGGLER, TAIL, SYNC, REWARD, CHECKPOINT, GAPS, UNACCOUNTED = (
-    "work",
-    "straggler",
-    "rollout_tail",
-    "sync",
-    "reward",
-    "checkpoint",
-    "gaps",
-    "unaccounted",
-)
-BUCKETS = (WORK, STRAGGLER, TAIL, SYNC, REWARD, CHECKPOINT, GAPS, UNACCOUNTED)
-"""The buckets a step's wall time is split into: they sum to it."""
-OVERLAP = "overlap"
-"""Stated beside the buckets, not one of them (see the module docstring)."""
-PHASE_BUCKET: Mapping[str, str] = {
-    MODEL_UPDATE: SYNC,
-    COMPUTE_REWARDS: REWARD,
-    DO_CHECKPOINT: CHECKPOINT,
-}
-"""The bucket of a phase's own work on the path; phases not listed are ``work``."""
-PATH_PARTS = ("execute", "onload", "offload", "straggler", "tail")
-_OWN_PARTS = ("onload", "execute", "offload")
-
-LAST = Reduction.LAST
-_BY = "Computed by the collector from every rank's phase spans (docs/ledger.md)."
-LEDGER_WALL = Entry(
-    "ledger/wall",
-    LAST,
-    "s",
-    f"The step's wall time: the earliest start of any rank's phase of the step to the latest "
-    f"end, on the collector's timeline. {_BY}",
-    derived=True,
-)
-LEDGER_BUCKET = Template(
-    "ledger/{bucket}",
-    LAST,
-    "s",
-    "Seconds of the step's wall time in one bucket of the step ledger: work (phases' own work "
-    "on the critical path), straggler (the slowest rank of a parallel phase running alone), "
-    "rollout_tail (generation after 90% of the step's responses had finished), sync "
-    "(model_update), reward (compute_rewards), checkpoint (do_checkpoint), gaps (no rank in a "
-    "phase of the step), unaccounted (phases' own bookkeeping); they sum to ledger/wall. "
-    f"overlap (seconds in which two or more roles ran phases at once) is not in the sum. {_BY}",
-    choices={"bucket": (*BUCKETS, OVERLAP)},
-    derived=True,
-)
-LEDGER_FRACTION = Template(
-    "ledger/{bucket}/fraction",
-    LAST,
-    "ratio",
-    f"ledger/{{bucket}} over ledger/wall. {_BY}",
-    choices={"bucket": (*BUCKETS, OVERLAP)},
-    derived=True,
-)
-LEDGER_PATH = Template(
-    "ledger/path/{cluster}/{phase}/{part}",
-    LAST,
-    "s",
-    "Seconds of the step's critical path in one phase, by part: execute, onload and offload "
-    "(the phase's bucket), straggler (its slowest rank alone) and tail (generation after 90% "
-    f"of the step's responses had finished). {_BY}",
-    choices={"phase": PHASES, "part": PATH_PARTS},
-    derived=True,
-)
-ENTRIES = (LEDGER_WALL,)
-TEMPLATES = (LEDGER_BUCKET, LEDGER_FRACTION, LEDGER_PATH)
-"""The ledger's catalog entries (``rlpulse.schemas.metrics`` lists them, with attribution's)."""
+from rlpulse.schemas.topology import GENERATE
 
 
 class PathSegment(msgspec.Struct, array_like=True, frozen=True):
