@@ -56,6 +56,7 @@ behind each: the slowest rank of a straggler, the engine of the step's longest r
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -158,12 +159,32 @@ class Ledger:
         wall = self.record.wall
         out = {LEDGER_WALL.name: wall}
         for bucket, seconds in self.buckets.items():
-            out[LEDGER_BUCKET.format(bucket=bucket)] = seconds
+            out[_BUCKET_NAMES[bucket]] = seconds
             if wall > 0:
-                out[LEDGER_FRACTION.format(bucket=bucket)] = seconds / wall
-        for (cluster, phase, part), seconds in self.parts.items():
-            out[LEDGER_PATH.format(cluster=cluster, phase=phase, part=part)] = seconds
+                out[_FRACTION_NAMES[bucket]] = seconds / wall
+        for key, seconds in self.parts.items():
+            out[path_name(*key)] = seconds
         return out
+
+
+_BUCKET_NAMES = {b: LEDGER_BUCKET.format(bucket=b) for b in (*BUCKETS, OVERLAP)}
+_FRACTION_NAMES = {b: LEDGER_FRACTION.format(bucket=b) for b in (*BUCKETS, OVERLAP)}
+
+
+@functools.lru_cache(maxsize=8192)
+def path_name(cluster: str, phase: str, part: str) -> str:
+    """``ledger/path/{cluster}/{phase}/{part}`` (spelled once per run's phases, not per step)."""
+    return LEDGER_PATH.format(cluster=cluster, phase=phase, part=part)
+
+
+@functools.lru_cache(maxsize=8192)
+def path_of(name: str) -> tuple[str, str, str] | None:
+    """``(cluster, phase, part)`` of a ``ledger/path/...`` name, None for any other name."""
+    found = LEDGER_PATH.match(name) if name.startswith("ledger/path/") else None
+    return None if found is None else (found["cluster"], found["phase"], found["part"])
+
+
+_PART_BUCKET = {"straggler": STRAGGLER, "tail": TAIL}
 
 
 def item_key(bucket: str, cluster: str = "", phase: str = "") -> str:
@@ -176,17 +197,15 @@ def items(metrics: Mapping[str, float]) -> dict[str, float]:
     read off its ``ledger/...`` metrics (so a record read back gives the same items)."""
     out: dict[str, float] = {}
     for bucket in (GAPS, UNACCOUNTED):
-        seconds = metrics.get(LEDGER_BUCKET.format(bucket=bucket))
+        seconds = metrics.get(_BUCKET_NAMES[bucket])
         if seconds:
             out[bucket] = seconds
     for name, seconds in metrics.items():
-        if not seconds or not name.startswith("ledger/path/"):
+        where = path_of(name) if seconds else None
+        if where is None:
             continue
-        found = LEDGER_PATH.match(name)
-        if found is None:
-            continue
-        cluster, phase, part = found["cluster"], found["phase"], found["part"]
-        bucket = {"straggler": STRAGGLER, "tail": TAIL}.get(part) or PHASE_BUCKET.get(phase, WORK)
+        cluster, phase, part = where
+        bucket = _PART_BUCKET.get(part) or PHASE_BUCKET.get(phase, WORK)
         key = item_key(bucket, cluster, phase)
         out[key] = out.get(key, 0.0) + seconds
     return out

@@ -28,13 +28,13 @@ from rlpulse.schemas.ledger import (
     BUCKETS,
     GAPS,
     LEDGER_BUCKET,
-    LEDGER_PATH,
     LEDGER_WALL,
     OVERLAP,
     PHASE_BUCKET,
     STRAGGLER,
     UNACCOUNTED,
     StepLedger,
+    path_of,
 )
 
 
@@ -43,12 +43,13 @@ def groups(metrics: Mapping[str, float]) -> dict[str, dict[str, float]]:
     part: ``{"rollout": {"execute": 1.2, "tail": 1.1, ...}, "sync": {...}}``."""
     out: dict[str, dict[str, float]] = {}
     for name, seconds in metrics.items():
-        found = LEDGER_PATH.match(name) if name.startswith("ledger/path/") else None
-        if found is None:
+        where = path_of(name)
+        if where is None:
             continue
-        group = PHASE_BUCKET.get(found["phase"], found["cluster"])
+        cluster, phase, part = where
+        group = PHASE_BUCKET.get(phase, cluster)
         parts = out.setdefault(group, {})
-        parts[found["part"]] = parts.get(found["part"], 0.0) + seconds
+        parts[part] = parts.get(part, 0.0) + seconds
     return out
 
 
