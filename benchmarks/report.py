@@ -1130,6 +1130,64 @@ def section_samples(sc: dict[str, Any] | None, goals: list) -> list[str]:
     return out
 
 
+LEDGER_GOAL = (
+    "step ledger: the collector's CPU per step (the ledger and its line) and the producers' "
+    "(the rollout's finish times) each under 0.5% of a demo step"
+)
+
+
+def section_ledger(lc: dict[str, Any] | None, goals: list) -> list[str]:
+    """Section 14: what the step ledger costs the collector per step and the producers."""
+    out = ["## 14. Step ledger: its cost per step", ""]
+    if lc is None:
+        goals.append((LEDGER_GOAL, "not run", None))
+        return [*out, "Not measured (`python -m benchmarks.ledger_cost`).", ""]
+    step_ms = lc["demo_step_s"] * 1e3
+    out += [
+        f"`python -m benchmarks.ledger_cost --steps {lc['steps']}` ({lc.get('date', '?')}; "
+        f"{_load_line(lc)}). The collector makes a step's ledger once, when it emits the step "
+        "(`collector/output/ledgers.py`: the critical path and buckets of the step's spans, the "
+        "judgement against the run's rolling window, the `ledger/...` numbers) and its line "
+        "(stdout, the trace); both timed per step on steps of the demo trainer's phases (7 "
+        "workers, 2 actor ranks, a checkpoint every 10th step) and with 64 and 1,024 ranks in "
+        "each data-parallel phase. Per message nothing is added but a dictionary lookup (the "
+        "producer's clock offset): `benchmarks/paced.py` (section 4b) is the guard there.",
+        "",
+        "| ranks per parallel phase | spans per step | ledger, median (p99) | line, median |",
+        "|---:|---:|---:|---:|",
+    ]
+    for c in lc["collector"]:
+        out.append(
+            f"| {c['ranks']:,} | {c['spans']:,} | {_us(c['add_us']['median'])} "
+            f"({_us(c['add_us']['p99'])}) | {_us(c['line_us']['median'])} |"
+        )
+    prod = lc["producer"]
+    timer = lc["step_timer"]["us_per_token"]["median"]
+    out += [
+        "",
+        f"Producers: the rollout's generate phase logs {prod['responses']} finish times (a "
+        "distribution: the sender sketches them) and its longest response with the phase; on a "
+        f"connected producer that call cost {_us(prod['cpu_us_per_call']['with'])} of the "
+        f"process's CPU against {_us(prod['cpu_us_per_call']['without'])} without them "
+        f"({'+' if prod['extra_us'] >= 0 else ''}{_us(prod['extra_us'])}), interleaved blocks "
+        f"of 50 calls. The HF path notes the time of every generation step: {_us(timer)} per "
+        "token (the demo's responses are at most 6 tokens).",
+        "",
+        f"Against a demo step of {step_ms:.0f} ms (the median step of `rlpulse.trainer`'s "
+        f"default run, {lc['demo_step_source']}): the collector's ledger and line "
+        f"{lc['collector_share']:.3%} of a step, the producers' {lc['producer_share']:.4%}.",
+        "",
+    ]
+    demo = lc["collector"][0]
+    measured = (
+        f"collector {_us(demo['add_us']['median'] + demo['line_us']['median'])} per step "
+        f"({lc['collector_share']:.3%} of a {step_ms:.0f} ms step), producers "
+        f"{lc['producer_share']:.4%}"
+    )
+    goals.append((LEDGER_GOAL, measured, bool(lc["met"])))
+    return out
+
+
 def render() -> Path:
     meta = _load("run") or {}
     cc, ing, lat = _load("caller_cost"), _load("ingest"), _load("latency")
@@ -1174,6 +1232,7 @@ def render() -> Path:
     body += section_sketch(_load("sketch_cost"), goals)
     body += section_kept("vllm_rollout")
     body += section_samples(_load("samples_cost"), goals)
+    body += section_ledger(_load("ledger_cost"), goals)
     if cc:
         plot_caller(cc)
     if ing:

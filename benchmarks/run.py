@@ -39,6 +39,7 @@ BENCHES: dict[str, tuple[list[str], int]] = {
     "rl_insight": ([], 300),
     "sketch_cost": (["--calls", "30"], 300),
     "samples_cost": (["--rounds", "10"], 180),
+    "ledger_cost": ([], 300),
 }
 
 

@@ -5,6 +5,7 @@ commands:
   rlpulse report RUN.jsonl [...]                     a PNG of one run's main curves
   rlpulse compare A.jsonl B.jsonl [...]              a table comparing runs side by side
   rlpulse samples RUN.jsonl [--step N] [...]         a run's sample rows (prompt, response...)
+  rlpulse why RUN.jsonl [--step N]                   where a step's time went, against the median
   rlpulse register --url URL --run R --role ROLE ... keep a /metrics endpoint registered
   rlpulse keygen DIR NAME [--force]                  make a CurveZMQ key pair
   rlpulse serve --model DIR [...]                    serve a trained policy over HTTP
@@ -44,7 +45,7 @@ def _register(argv: list[str]) -> int:
 
 
 def _run_tool(name: str) -> Callable[[list[str]], int]:
-    """``report``, ``compare`` and ``samples``: the run tools over a run's jsonl."""
+    """``report``, ``compare``, ``samples`` and ``why``: the run tools over a run's jsonl."""
 
     def run(argv: list[str]) -> int:
         from rlpulse.runtools.cli import main
@@ -77,6 +78,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "report": _run_tool("report"),
     "compare": _run_tool("compare"),
     "samples": _run_tool("samples"),
+    "why": _run_tool("why"),
     "register": _register,
     "keygen": _keygen,
     "serve": _serve,

@@ -29,6 +29,7 @@ import yaml
 
 from rlpulse.collector.output.discovery import TargetPolicy
 from rlpulse.collector.sinks import SINKS, sink_class
+from rlpulse.schemas.attribution import DEFAULT_MARGIN
 from rlpulse.schemas.errors import ConfigError
 from rlpulse.schemas.messages import DEFAULT_LIMITS
 from rlpulse.wire.rendezvous import DEFAULT_ADDRESS
@@ -83,6 +84,9 @@ class CollectorConfig:
       ``{allow: [networks, addresses, host names, "*.suffix"], deny: [...]}``; ``deny``
       defaults to the link-local networks and cloud metadata addresses, ``allow`` to any host
       (``rlpulse.collector.output.discovery.TargetPolicy``).
+    * ``ledger_margin``: a step whose wall time is more than this fraction above the run's
+      rolling median step is given a cause in its record (``rlpulse.schemas.attribution``;
+      docs/ledger.md).
     """
 
     bind: str = DEFAULT_BIND
@@ -109,6 +113,7 @@ class CollectorConfig:
     upstream: str | None = None
     upstream_curve: Mapping[str, str] | None = None
     sd_targets: Mapping[str, Any] | None = None
+    ledger_margin: float = DEFAULT_MARGIN
 
     def __post_init__(self) -> None:
         _check_bind(self.bind)
@@ -129,6 +134,16 @@ class CollectorConfig:
             or self.settle_s < 0
         ):
             raise ConfigError("settle_s", "must be a non-negative number of seconds", self.settle_s)
+        margin = self.ledger_margin
+        if (
+            not isinstance(margin, (int, float))
+            or isinstance(margin, bool)
+            or not margin > 0
+            or not math.isfinite(margin)
+        ):
+            raise ConfigError(
+                "ledger_margin", "must be a positive fraction of the median step (0.2: 20%)", margin
+            )
         for name in ("grace_s", "liveness_s", "sink_close_s", "checkpoint_s", "run_retention_s"):
             value = getattr(self, name)
             if (

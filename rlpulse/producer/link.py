@@ -304,9 +304,10 @@ class Session:
 
     def heartbeat(self, flush: bool = False) -> None:
         self.send(
-            # seq: past the highest number sent, so the collector sees what it lacks
+            # seq: past the highest number sent, so the collector sees what it lacks; stamped
+            # with our clock (that of log() times) for the collector to measure its offset
             protocol.encode_heartbeat(
-                self.producer_id, self.outbox.sent_seq + 1, self.stats(), flush
+                self.producer_id, self.outbox.sent_seq + 1, self.stats(), flush, time.time()
             )
         )
 

@@ -39,6 +39,13 @@ def _takes_arguments_of(
     return decorate
 
 
+class NullPhase:
+    """What ``NullProducer.phase`` yields: ``Phase.add`` that keeps nothing."""
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        pass
+
+
 class NullProducer:
     """Accepts every Producer call, and Producer's constructor arguments, and sends nothing:
     ``NullProducer(address, run=..., role=..., rank=...)`` swaps in for ``Producer`` as is.
@@ -62,11 +69,11 @@ class NullProducer:
         step: SupportsIndex,
         onload: Callable[[], object] | None = None,
         offload: Callable[[], object] | None = None,
-    ) -> Iterator[None]:
+    ) -> Iterator[NullPhase]:
         if onload is not None:
             onload()
         try:
-            yield
+            yield NullPhase()
         finally:
             if offload is not None:
                 offload()

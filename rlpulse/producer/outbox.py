@@ -27,6 +27,7 @@ up ZeroMQ may still be handshaking and refuse the first send.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -338,6 +339,7 @@ class Registration:
             resume=ident.resume,
             config=config,
             went_out=went_out,
+            sent=time.time(),  # our clock, for the collector to measure its offset
         )
 
     @property

@@ -223,6 +223,21 @@ class Phase:
         else:
             self._hooks.emit(self._metrics, self._step, phase=True)
 
+    def add(self, data: Mapping[str, Any]) -> None:
+        """Log ``data`` with the phase's own metrics, in the one ``log()`` call its end makes,
+        so the collector reads them with the phase's span: a generation's
+        ``rollout/response/finish`` and ``rollout/response/longest`` (the step ledger's
+        rollout tail and its engine). Values as ``log()`` takes them; never raises.
+
+        >>> # with producer.phase("rollout/generate", step=3) as phase:
+        >>> #     phase.add({"rollout/response/longest": 60})
+        """
+        if self._names is not None:
+            try:
+                self._metrics.update(data)
+            except Exception as exc:  # an odd mapping must not break training
+                self._hooks.error("phase add", exc)
+
     @contextmanager
     def part(self, name: str) -> Iterator[None]:
         """Time an ``onload`` or ``offload`` the body does itself, as the phase's own: its

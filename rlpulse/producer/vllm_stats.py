@@ -23,7 +23,8 @@ the same names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,9 @@ class StepSamples:
     itl: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     queue: list[float] = field(default_factory=list)
+    finished: list[float] = field(default_factory=list)
+    """When each request finished (the recorder's clock, at the engine iteration that
+    finished it): the rollout's ``rollout/response/finish``."""
 
 
 class StepRecorder:
@@ -94,8 +98,9 @@ class StepRecorder:
     0
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._now = StepSamples()
+        self._clock = clock
 
     def record(
         self,
@@ -118,9 +123,11 @@ class StepRecorder:
             return
         now.ttft.extend(iteration_stats.time_to_first_tokens_iter)
         now.itl.extend(iteration_stats.inter_token_latencies_iter)
+        at = self._clock() if iteration_stats.finished_requests else 0.0
         for finished in iteration_stats.finished_requests:
             now.e2e.append(finished.e2e_latency)
             now.queue.append(finished.queued_time)
+            now.finished.append(at)
 
     def take(self) -> StepSamples:
         taken, self._now = self._now, StepSamples()

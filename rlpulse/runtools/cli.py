@@ -1,4 +1,4 @@
-"""``rlpulse report``, ``rlpulse compare`` and ``rlpulse samples``: the run tools' commands.
+"""``rlpulse report``, ``compare``, ``samples`` and ``why``: the run tools' commands.
 
 ::
 
@@ -9,6 +9,7 @@
                                 [--score NAME] [--kl NAME] [--out table.md]
     rlpulse compare A.jsonl B.jsonl --samples STEP [--name NAME] [--width W] [--lines L]
     rlpulse samples RUN.jsonl [--step N] [--name NAME] [--top|--bottom|--random] [--json]
+    rlpulse why RUN.jsonl [--step N] [--run NAME]
 
 ``compare`` shows every run of every file given, one row each, with the score, loss, KL and
 throughput under the names the runs logged them (:mod:`rlpulse.runtools.compare`); a
@@ -19,7 +20,8 @@ jsonl, from ``Producer.run_config``), else a ``config.yaml`` next to the jsonl f
 names a value in those configs by its dotted path (``ppo.actor_lr``); it becomes a column, and
 a key that no run's configuration has is warned about on stderr (the table is still printed).
 ``compare --samples STEP`` shows the runs' samples at that step instead of the table, and
-``samples`` one run's (:mod:`rlpulse.runtools.samples`).
+``samples`` one run's (:mod:`rlpulse.runtools.samples`). ``why`` shows where a step's time went
+against the run's median step, from the step ledger (:mod:`rlpulse.runtools.why`).
 
 >>> main(["compare", "--help"])  # doctest: +SKIP
 """
@@ -33,7 +35,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from rlpulse.runtools import samples
+from rlpulse.runtools import samples, why
 from rlpulse.runtools.compare import (
     RUN_CONFIG,
     CompareError,
@@ -208,6 +210,9 @@ def parser(prog: str = "rlpulse") -> argparse.ArgumentParser:
     cmp_.add_argument("--out", help="write the table here instead of printing it")
     samples.add_compare_arguments(cmp_)
     samples.add_arguments(sub.add_parser("samples", help="a run's sample rows at one step"))
+    why.add_arguments(
+        sub.add_parser("why", help="where a step's time went, against the run's median step")
+    )
     return top
 
 
@@ -217,7 +222,8 @@ def main(
     stderr: TextIO | None = None,
     prog: str = "rlpulse",
 ) -> int:
-    """Run ``report``, ``compare`` or ``samples`` (``argv[0]``); 0 on success, 2 on bad input. ``prog``
+    """Run ``report``, ``compare``, ``samples`` or ``why`` (``argv[0]``); 0 on success, 2 on bad
+    input. ``prog``
     is the command's name in ``--help`` (``rlpulse.cli.PROG``)."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
@@ -227,6 +233,8 @@ def main(
             return _report(args, stdout, stderr)
         if args.command == "samples":
             return samples.samples_command(args, stdout, stderr)
+        if args.command == "why":
+            return why.why_command(args, stdout, stderr)
         return _compare(args, stdout, stderr)
     except (RunFileError, CompareError, ReportError, samples.SamplesError) as exc:
         print(f"rlpulse {args.command}: {exc}", file=stderr)

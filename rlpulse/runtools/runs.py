@@ -96,8 +96,9 @@ class Run:
         return math.fsum(values) / len(values) if values else None
 
 
-def load_runs(path: str | Path) -> dict[str, Run]:
-    """Every run in ``path``, by name, in order of first appearance."""
+def read_records(path: str | Path) -> tuple[dict[str, dict[int, StepRecord]], dict[str, int]]:
+    """Every step record in ``path``: by run (in order of first appearance), then by step
+    (a step written twice: the later line), and per run how many steps were repeated."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -118,6 +119,12 @@ def load_runs(path: str | Path) -> dict[str, Run]:
         steps[record.step] = record
     if not records:
         raise RunFileError(path, "holds no steps")
+    return records, repeated
+
+
+def load_runs(path: str | Path) -> dict[str, Run]:
+    """Every run in ``path``, by name, in order of first appearance."""
+    records, repeated = read_records(path)
     return {
         name: _run(name, steps, str(path), repeated.get(name, 0)) for name, steps in records.items()
     }

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpulse.collector.sinks.trace import STEPS_TID
 from rlpulse.runtools.report import ReportError
 
 
@@ -67,8 +68,9 @@ def load_trace(path: str | Path) -> Trace:
         if e.get("ph") != "X":
             continue
         start, seconds = e["ts"] / 1e6, e["dur"] / 1e6
-        if e["pid"] == 0:
-            steps[int(e["args"]["step"])] = (start, start + seconds)
+        if e["pid"] == 0:  # the steps row; the critical path's row under it is not a bar
+            if e.get("tid", 0) == STEPS_TID:
+                steps[int(e["args"]["step"])] = (start, start + seconds)
             continue
         host = threads.get((e["pid"], e["tid"]), "").partition(" @ ")[2]
         bars.append(

@@ -135,7 +135,7 @@ def checked(msg: Message, limits: Limits, problems: list[SchemaError] | None) ->
         return checked_incomplete(msg, limits)
     if type(msg) is Heartbeat:
         stats = checked_stats(msg.stats)
-        return Heartbeat(msg.producer, msg.seq, stats, msg.flush)
+        return Heartbeat(msg.producer, msg.seq, stats, msg.flush, msg.sent)
     if type(msg) is Bye:
         checked_incomplete(msg, limits)
         return Bye(msg.producer, msg.seq, checked_stats(msg.stats), msg.incomplete)

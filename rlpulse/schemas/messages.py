@@ -230,6 +230,10 @@ class Hello(Struct, array_like=True, frozen=True, gc=False, tag=21):
     among this producer's data messages that went out so far, to whichever collector was
     there (:data:`WentOut`). A collector that keeps no ``state_dir`` learns from it what an
     earlier instance of it may have applied (``rlpulse.collector.runs.earlier``)."""
+    sent: Finite = 0.0
+    """The producer's wall clock (``time.time()``, the clock of its ``log()`` times) when it
+    sent this message; 0: not stamped (a producer that predates it). The collector measures
+    the producer's clock offset from it (``rlpulse.collector.intake.clock``)."""
 
 
 class Metrics(Struct, array_like=True, frozen=True, gc=False, tag=22):
@@ -272,6 +276,8 @@ class Heartbeat(Struct, array_like=True, frozen=True, gc=False, tag=24):
     seq: U63
     stats: dict[str, U63]
     flush: bool = False
+    sent: Finite = 0.0
+    """As :attr:`Hello.sent`: when the producer sent it, on its clock (0: not stamped)."""
 
 
 class Bye(Struct, array_like=True, frozen=True, gc=False, tag=25):
@@ -358,6 +364,8 @@ class RelayHello(Struct, array_like=True, frozen=True, gc=False, tag=27):
     pid: U63
     tables: list[TableDecl] = []
     members: list[Member] = []
+    sent: Finite = 0.0
+    """As :attr:`Hello.sent`: when the relay sent it, on its clock (0: not stamped)."""
 
 
 class Delta(Struct, array_like=True, frozen=True, gc=False, tag=28):

@@ -22,7 +22,11 @@ ratio and clipfrac over every response token, including samples its filters drop
 
 from __future__ import annotations
 
-from rlpulse.schemas import engine  # the rollout engine's own metrics (vLLM)
+from rlpulse.schemas import (
+    attribution,  # why a step was slow (the step ledger's causes)
+    engine,  # the rollout engine's own metrics (vLLM)
+    ledger,  # the step ledger: where a step's wall time went
+)
 from rlpulse.schemas.catalog import Catalog, Entry, Template, family
 from rlpulse.schemas.evaluation import (  # held-out validation, listed here
     VAL_ACCURACY as VAL_ACCURACY,
@@ -38,6 +42,8 @@ from rlpulse.schemas.rollout import (  # rollout engine vs trainer, staleness, s
     ASYNC_STALENESS as ASYNC_STALENESS,
     ROLLOUT_LOGPROB_DIFF as ROLLOUT_LOGPROB_DIFF,
     ROLLOUT_PROB_RATIO as ROLLOUT_PROB_RATIO,
+    ROLLOUT_RESPONSE_FINISH as ROLLOUT_RESPONSE_FINISH,
+    ROLLOUT_RESPONSE_LONGEST as ROLLOUT_RESPONSE_LONGEST,
     ROLLOUT_SAMPLES as ROLLOUT_SAMPLES,
 )
 from rlpulse.schemas.serving import (  # the policy server's metrics, listed here
@@ -357,7 +363,12 @@ ACTOR_REF_KL = Entry(
 )
 
 _DEFINED = list(globals().values())
-ENTRIES = (*(v for v in _DEFINED if isinstance(v, Entry)), *engine.ENTRIES)
+ENTRIES = (
+    *(v for v in _DEFINED if isinstance(v, Entry)),
+    *engine.ENTRIES,
+    *ledger.ENTRIES,
+    *attribution.ENTRIES,
+)
 HISTOGRAMS = (*(v for v in _DEFINED if isinstance(v, Histogram)), *engine.HISTOGRAMS)
 """Histograms (``schemas.histogram``): entries in ENTRIES, bucket templates below."""
 TEMPLATES: tuple[Template, ...] = (
@@ -367,6 +378,7 @@ TEMPLATES: tuple[Template, ...] = (
     TIME_PHASE,
     TIME_PHASE_GPU,
     STRAGGLER,
+    *ledger.TEMPLATES,
     MEMORY_GPU,
     MEMORY_CPU,
     GPU_DEVICE_MEMORY,

@@ -97,8 +97,11 @@ def encode_hello(
     resume: bool = False,
     config: bytes = b"",
     went_out: tuple[int, int] = (0, -1),
+    sent: float = 0.0,
 ) -> bytes:
-    """A hello; ``went_out``: ``(seq, step)`` of what went out so far (``Hello.went_out``)."""
+    """A hello; ``went_out``: ``(seq, step)`` of what went out so far (``Hello.went_out``);
+    ``sent``: the producer's clock now (0: unstamped), from which the collector measures its
+    clock's offset (``Hello.sent``)."""
     return _ENCODER.encode(
         Hello(
             producer,
@@ -116,6 +119,7 @@ def encode_hello(
             resume,
             config,
             went_out,
+            sent,
         )
     )
 
@@ -188,9 +192,10 @@ def encode_done(producer: int, seq: int, step: int, incomplete: Sequence[int] = 
 
 
 def encode_heartbeat(
-    producer: int, seq: int, stats: Mapping[str, int], flush: bool = False
+    producer: int, seq: int, stats: Mapping[str, int], flush: bool = False, sent: float = 0.0
 ) -> bytes:
-    return _ENCODER.encode(Heartbeat(producer, seq, dict(stats), flush))
+    """A heartbeat; ``sent`` as in :func:`encode_hello`."""
+    return _ENCODER.encode(Heartbeat(producer, seq, dict(stats), flush, sent))
 
 
 def encode_bye(

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from rlpulse.schemas.ledger import StepLedger
 from rlpulse.schemas.samples import SampleState
 from rlpulse.schemas.spans import Span
 
@@ -69,6 +70,10 @@ class StepRecord:
     """The run's configuration (``rlpulse.schemas.runconfig``: its hyper-parameters), on the
     first step emitted after it arrived or changed (``rlpulse.collector.runs.runconfig``); empty
     on the others. The JSON line carries it under ``config``."""
+    ledger: StepLedger | None = None
+    """Where the step's wall time went beyond the ``ledger/...`` metrics
+    (``rlpulse.schemas.ledger``): the critical path in order, who is behind each bucket, the
+    cause of a slow step. The JSON line carries it under ``ledger``; None without spans."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +93,7 @@ class StepRecord:
                 else {}
             ),
             **({"config": dict(self.config)} if self.config else {}),
+            **({"ledger": msgspec.to_builtins(self.ledger)} if self.ledger is not None else {}),
         }
 
     def why_partial(self) -> str:
@@ -133,6 +139,7 @@ class StepRecord:
                 str(n): SampleState.from_wire(w) for n, w in obj.get("samples_wire", {}).items()
             },
             config=dict(obj.get("config") or {}),
+            ledger=msgspec.convert(obj["ledger"], StepLedger) if "ledger" in obj else None,
         )
 
 

@@ -41,3 +41,20 @@ ASYNC_STALENESS = distribution(
     "sample, per response token of the training batch (token-weighted): 0 on-policy, "
     "ppo.off_policy_steps once the pipeline is full.",
 )
+ROLLOUT_RESPONSE_FINISH = distribution(
+    "rollout/response/finish",
+    "s",
+    "Seconds from the start of a training generation call's work (its generate phase, after "
+    "onload) to the end of each of its responses, one sample per response, merged over every "
+    "rollout engine (each measured from its own call's start). Logged with the generate "
+    "phase (Phase.add): p90 is when 90% of the step's responses had finished, where the "
+    "step ledger's rollout tail begins (rlpulse.schemas.ledger).",
+)
+ROLLOUT_RESPONSE_LONGEST = Entry(
+    "rollout/response/longest",
+    Reduction.MAX,
+    "tokens",
+    "Tokens of the step's longest training response (as generated, before the batch cuts it "
+    "to rollout.max_new_tokens), the maximum over rollout engines. Logged with the generate "
+    "phase, so the collector also knows which engine generated it (the span's longest).",
+)

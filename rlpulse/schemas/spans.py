@@ -31,8 +31,15 @@ from rlpulse.schemas.topology import STRAGGLER
 
 class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """``role``/``rank`` on ``host`` ran ``cluster``/``phase`` from ``start`` to ``end``
-    (seconds since the epoch, the rank's clock); ``execute`` is the work itself and ``gpu``
-    the GPU seconds of the phase's stream (None when not measured)."""
+    (seconds since the epoch, on the collector's timeline: the rank's clock moved by its
+    measured offset, ``rlpulse.collector.intake.clock``); ``execute`` is the work itself and
+    ``gpu`` the GPU seconds of the phase's stream, ``onload`` and ``offload`` the seconds of
+    loading and unloading model state (None when not measured). ``longest``: for a generation
+    that logged its responses with the phase (``rlpulse.schemas.rollout``'s
+    ``rollout/response/longest``), the tokens of its longest response, else None.
+
+    The last three fields came after the others: a decoder that predates them ignores them
+    (optional trailing fields, ``PROTOCOL.md``)."""
 
     role: str
     rank: int
@@ -43,10 +50,17 @@ class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
     end: float
     execute: float | None = None
     gpu: float | None = None
+    onload: float | None = None
+    offload: float | None = None
+    longest: float | None = None
 
     @property
     def seconds(self) -> float:
         return self.end - self.start
+
+    def moved(self, offset: float) -> Span:
+        """This span ``offset`` seconds later (placed on another clock's timeline)."""
+        return msgspec.structs.replace(self, start=self.start + offset, end=self.end + offset)
 
 
 def stragglers(spans: Iterable[Span]) -> dict[str, float]:

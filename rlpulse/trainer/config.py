@@ -21,6 +21,7 @@ import yaml
 
 from rlpulse.schemas.errors import ConfigError  # one error type for every config file
 from rlpulse.schemas.topology import ACTOR_TRAIN, CRITIC, DRIVER, REFERENCE, REWARD, ROLLOUT
+from rlpulse.trainer.faults import FaultsConfig
 
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -379,6 +380,9 @@ class TrainerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    """Delays injected on purpose (a debugging aid, the step ledger's proof): off by default
+    (``rlpulse.trainer.faults``)."""
 
     def producer(self, address: str | None, role: str, rank: int = 0, world_size: int = 1) -> Any:
         """This run's Producer for one worker, or a NullProducer with metrics off."""
@@ -438,6 +442,11 @@ class TrainerConfig:
             "rollout.samples_per_prompt",
             "GRPO needs groups of at least 2",
             rollout.samples_per_prompt,
+        )
+        self.faults.check(
+            self.cluster.actor_train_ranks,
+            rollout.max_new_tokens,
+            self.model.max_position_embeddings,
         )
         # GRPO's advantages are per sequence: a per-token KL penalty in the reward has no
         # place to go, so GRPO takes the KL in the loss (as in the GRPO paper).

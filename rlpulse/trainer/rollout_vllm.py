@@ -212,20 +212,34 @@ class VLLMEngine:
         """The engine's metrics per step (``rlpulse.producer.vllm_stats``)."""
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], temperature: float, top_p: float, greedy: bool
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+        long_row: tuple[int, int] | None = None,
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         """Token ids of one response per prompt (EOS included when generated) and, when
         sampling, vLLM's log-prob of each sampled token (``logprobs=0``: the sampled token's
         own, from the raw logits: at temperature 1 and top_p 1 the distribution sampled
-        from). Raises :class:`EngineError` if the engine fails."""
-        params = self._vllm.SamplingParams(
-            max_tokens=self.settings.max_new_tokens,
-            temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
-            top_k=-1,
-            logprobs=None if greedy else 0,
-            seed=None,
-        )
+        from). ``long_row``: ``(row, tokens)``, the long-response fault: that prompt's
+        response is exactly ``tokens`` long (EOS ignored). Raises :class:`EngineError` if the
+        engine fails."""
+        sampling: dict[str, Any] = {
+            "temperature": 0.0 if greedy else temperature,
+            "top_p": 1.0 if greedy else top_p,
+            "top_k": -1,
+            "logprobs": None if greedy else 0,
+            "seed": None,
+        }
+        SamplingParams = self._vllm.SamplingParams
+        params: Any = SamplingParams(max_tokens=self.settings.max_new_tokens, **sampling)
+        if long_row is not None:
+            row, length = long_row
+            params = [params] * len(prompt_ids)
+            params[row] = SamplingParams(
+                max_tokens=length, min_tokens=length, ignore_eos=True, **sampling
+            )
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         try:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -90,3 +90,25 @@ def test_relays_forward_every_rank_span_and_the_root_finds_the_same_straggler() 
         == [expected_span(r, 0) for r in range(3)]
     )
     assert got.metrics[SLOWEST] == 1.0 and math.isclose(got.metrics[LAG], 2.0)
+
+
+def test_a_span_carries_its_loads_and_a_generations_longest_response() -> None:
+    """onload and offload (the ledger splits a phase by them) and rollout/response/longest
+    logged with the phase (the ledger names the engine of the step's longest response)."""
+    out: list[StepRecord] = []
+    agg = Aggregator(out.append, CollectorConfig(grace_s=30, liveness_s=10, settle_s=0))
+    feed = Declaring(agg)
+    feed.handle(hello(1, role="rollout"), 0.0)
+    parts = {"total": 2.0, "execute": 1.5, "onload": 0.25, "offload": 0.2}
+    values: dict = {
+        M.TIME_PHASE.format(cluster="rollout", phase="generate", part=k): v
+        for k, v in parts.items()
+    }
+    values[M.ROLLOUT_RESPONSE_LONGEST.name] = 60.0
+    feed.handle(metrics(1, 0, values, t=100.0), 0.0)
+    feed.handle(P.Done(1, 3, 0), 0.0)
+    agg.poll(0.0)
+    (span,) = out[0].spans
+    assert (span.start, span.end, span.execute) == (98.0, 100.0, 1.5)
+    assert (span.onload, span.offload, span.longest) == (0.25, 0.2, 60.0)
+    assert out[0].ledger is not None and out[0].ledger.who["longest"] == "rollout/0"

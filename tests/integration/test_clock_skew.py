@@ -3,8 +3,10 @@ hour ahead part-way through the run, and a real collector writing jsonl and serv
 
 A step's time is the latest ``log()`` time of any rank. Taken as the producers give it, the
 skewed rank put every record after the step an hour in the future and ``system/tps`` of that
-step at a few tokens a second; the collector now bounds each time by when it received it,
-counts the skewed entries on /metrics and names the rank once in its log.
+step at a few tokens a second. The collector measures each producer's clock offset from the
+stamps of its heartbeats and places its times on its own timeline (issue 49); a time logged
+after the jump and before the next stamp is still ahead: it is bounded by when the collector
+received it, counted on /metrics, and the rank named once in its log.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ def test_a_rank_whose_clock_steps_an_hour_ahead_is_bounded_counted_and_named(tmp
     # 10,000 tokens a step, a step every ~50 ms: some 10^5 tokens/s on a loaded machine too
     # (the skewed step was about 3 tokens/s before the times were bounded)
     assert all(v is not None and v > 1_000 for s, v in tps.items() if s >= 1), tps
-    assert skewed == STEPS - JUMP_AT  # one log() call a step of the skewed rank
+    # one log() call a step of the skewed rank: those before the next heartbeat's stamp are
+    # bounded and counted, those after it placed by the measured offset
+    assert skewed is not None and skewed <= STEPS - JUMP_AT
     text = log.read_text()
-    assert text.count("ahead of this collector's clock") == 1, text
-    assert "actor_train/1 of run 'skew'" in text
+    assert text.count("ahead of this collector's clock") == (1 if skewed else 0), text
+    assert "actor_train/1 of run 'skew' (host" in text
+    assert "s ahead of this collector's: its times are placed" in text, "the offset, noted"

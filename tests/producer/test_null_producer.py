@@ -21,8 +21,8 @@ def test_takes_producers_arguments_as_they_are() -> None:
     kwargs["reductions"] = {"my/peak": "max"}
     with NullProducer(*args, **kwargs) as p:
         p.log({"actor/pg_loss": 0.1}, step=0)
-        with p.phase("actor_train/train_step", step=0):
-            pass
+        with p.phase("actor_train/train_step", step=0) as phase:
+            phase.add({"rollout/response/longest": 3})  # kept nowhere, as Producer's
         assert set(p.stats().values()) == {0}
 
 

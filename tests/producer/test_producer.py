@@ -250,6 +250,36 @@ def test_step_done_and_phase(inbox) -> None:
     assert 2 in done_steps(msgs)
 
 
+def test_a_phase_logs_what_it_was_given_in_its_own_entry(inbox) -> None:
+    """Phase.add: the values reach the collector in the phase's end entry, where the collector
+    reads the phase's span (rlpulse.collector.runs.spans), also when the body raises."""
+    p = Producer(inbox.address, run="r", role="rollout")
+    with p.phase("rollout/generate", step=1) as phase:
+        phase.add({M.ROLLOUT_RESPONSE_LONGEST.name: 60, M.ROLLOUT_RESPONSE_FINISH.name: [0.5]})
+    with pytest.raises(RuntimeError), p.phase("rollout/generate", step=2) as phase:
+        phase.add({M.ROLLOUT_RESPONSE_LONGEST.name: 7})
+        raise RuntimeError("propagates")
+    p.close()
+    total = M.TIME_PHASE.format(cluster="rollout", phase="generate", part="total")
+    ends = [by_name(e) for e in entries(inbox.receive(until=has_bye)) if total in e.names]
+    assert [e[M.ROLLOUT_RESPONSE_LONGEST.name][3] for e in ends] == [60.0, 7.0]
+    assert ends[0][M.ROLLOUT_RESPONSE_FINISH.name][3] == 0.5
+
+
+def test_hellos_and_heartbeats_carry_the_producers_clock(inbox) -> None:
+    """The stamps the collector measures this producer's clock offset from."""
+    before = time.time()
+    p = Producer(inbox.address, run="r", role="a", config=ProducerConfig(heartbeat_s=0.05))
+    msgs = inbox.receive(
+        timeout_s=3, until=lambda ms: any(isinstance(m, protocol.Heartbeat) for m in ms)
+    )
+    p.close()
+    after = time.time()
+    stamped = [m for m in msgs if isinstance(m, (protocol.Hello, protocol.Heartbeat))]
+    assert {type(m) for m in stamped} == {protocol.Hello, protocol.Heartbeat}
+    assert all(before <= m.sent <= after for m in stamped)
+
+
 class FakeCuda:
     """Stands in for torch.cuda so the GPU snapshot logic runs on a CPU machine."""
 

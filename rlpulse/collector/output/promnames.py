@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlpulse.schemas.catalog import Catalog, Template
+from rlpulse.schemas.ledger import LEDGER_BUCKET, LEDGER_FRACTION, LEDGER_PATH
 from rlpulse.schemas.metrics import CATALOG, STRAGGLER
 
 PREFIX = "rlpulse_"
@@ -55,11 +56,17 @@ UNITS: dict[str, tuple[str, float]] = {
     "": ("", 1.0),
 }
 
-LABELLED: tuple[tuple[Template, tuple[str, ...]], ...] = ((STRAGGLER, ("cluster", "phase")),)
+LABELLED: tuple[tuple[Template, tuple[str, ...]], ...] = (
+    (STRAGGLER, ("cluster", "phase")),
+    (LEDGER_BUCKET, ("bucket",)),
+    (LEDGER_FRACTION, ("bucket",)),
+    (LEDGER_PATH, ("cluster", "phase", "part")),
+)
 """Templates exported as one family per remaining parameter, these parameters as labels:
 ``straggler/actor_train/train_step/lag`` is
 ``rlpulse_straggler_lag_seconds{cluster="actor_train", phase="train_step"}``, so one alert
-covers every phase."""
+covers every phase; ``ledger/gaps`` is ``rlpulse_ledger_seconds{bucket="gaps"}``, so one query
+stacks a step's buckets."""
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]+")
 _UNDERSCORES = re.compile(r"_{2,}")

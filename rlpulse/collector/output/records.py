@@ -7,7 +7,7 @@ collector's output is :class:`StepRecords` (a :class:`~rlpulse.schemas.record.St
 the sinks); a relay's is ``rlpulse.collector.tiers.relay.Relay`` (a delta for the collector above):
 one aggregator, two outputs, no subclass.
 
->>> out = StepRecords(tps_window=10, health=Health())
+>>> out = StepRecords(tps_window=10, health=Health(), ledger_margin=0.2)
 >>> out.local
 False
 """
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from rlpulse.collector.health import Health
 from rlpulse.collector.output.derived import Throughput
+from rlpulse.collector.output.ledgers import Ledgers
 from rlpulse.collector.ratelog import RateLimitedLog
 from rlpulse.collector.runs.earlier import Earlier
 from rlpulse.collector.runs.members import Members, ProducerInfo, Slot
@@ -116,15 +117,24 @@ class StepOutput(Protocol):
 
 class StepRecords:
     """The collector's output: each finished step as a :class:`StepRecord` (metrics read
-    off the merged states, derived throughput, stragglers, partial flags) for the sinks.
-    ``earlier`` (a collector without ``state_dir``): what an earlier instance of it may have
-    written, which flags records ``continued``; the record's flags are decided here."""
+    off the merged states, derived throughput, stragglers, the step ledger, partial flags)
+    for the sinks. ``ledger_margin``: see ``CollectorConfig``. ``earlier`` (a collector without
+    ``state_dir``): what an earlier instance of it may have written, which flags records
+    ``continued``; the record's flags are decided here."""
 
     local = False
 
-    def __init__(self, tps_window: int, health: Health, *, earlier: Earlier | None = None) -> None:
+    def __init__(
+        self,
+        tps_window: int,
+        health: Health,
+        ledger_margin: float,
+        *,
+        earlier: Earlier | None = None,
+    ) -> None:
         self.tps_window = tps_window
         self.health = health
+        self.ledgers = Ledgers(ledger_margin)
         self.earlier = earlier
         self.totals: dict[str, Throughput] = {}
         """Per run: the throughput window and cumulative counts (``system/tps``)."""
@@ -148,8 +158,10 @@ class StepRecords:
             missing = missing | over
         metrics, roles = run.read(state)
         self._totals(run.name).derive(state.t_last, metrics)
+        ledger = None
         if state.spans:
             metrics.update(stragglers(state.spans))
+            ledger = self.ledgers.add(run.name, state.spans, metrics)
         continued, resent = (
             (False, ()) if self.earlier is None else self.earlier.flags(run.name, state.step)
         )
@@ -170,6 +182,7 @@ class StepRecords:
             spans=tuple(state.spans),
             distributions=run.distributions(state),
             samples={run.names.names[j]: merged for j, merged in state.samples.items()},
+            ledger=ledger,
         )
         if record.partial:
             self._ratelog.warn(
@@ -189,21 +202,26 @@ class StepRecords:
         pass
 
     def note_emitted(self, agg: Host, record: StepRecord) -> None:
-        """Continue the run's throughput window and cumulative totals from ``record``."""
+        """Continue the run's throughput window, cumulative totals and the window of its
+        ledger's steps from ``record``."""
         self._totals(record.run).resume(record.time, record.metrics)
+        self.ledgers.note_emitted(record.run, record.metrics)
 
     def snapshot(self, agg: Host, out: dict) -> None:
         for name, data in out["runs"].items():
             data.update(self._totals(name).snapshot())
+            data["ledger_steps"] = self.ledgers.snapshot(name)
 
     def restore(self, agg: Host, snapshot: Mapping) -> None:
         for name, data in snapshot.get("runs", {}).items():
             self._totals(name).restore(data)
+            self.ledgers.restore(name, data.get("ledger_steps", []))
 
     def forget(self, agg: Host, run: str, pids: list[int], emit: Emit | None) -> None:
         """Drop the run's throughput window and totals; the sinks forget it too."""
         self.totals.pop(run, None)
         if self.earlier is not None:
             self.earlier.forget(run, pids)
+        self.ledgers.forget(run)
         if emit is not None:
             emit(RunForgotten(run))

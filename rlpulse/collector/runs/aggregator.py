@@ -78,7 +78,9 @@ class Aggregator:
         self.output: StepOutput = (
             output
             if output is not None
-            else StepRecords(config.tps_window, self.health, earlier=self.earlier)
+            else StepRecords(
+                config.tps_window, self.health, config.ledger_margin, earlier=self.earlier
+            )
         )
         self.catalog = catalog
         self.membership = Membership(
@@ -140,6 +142,8 @@ class Aggregator:
         if kind is protocol.Hello:
             known = msg.producer in self.membership.producers
             registered = self.membership.register(msg, now)  # type: ignore[arg-type]
+            if self.clock is not None and not replay:
+                self.clock.sample(registered, msg.sent)  # type: ignore[union-attr]
             if registered.logs and not registered.ghost:
                 self.run(registered.run).took_over(registered)
                 if self.earlier is not None and not known and not replay:
@@ -148,6 +152,9 @@ class Aggregator:
             return
         if kind is protocol.RelayHello:
             self._relay_hello(msg, now)  # type: ignore[arg-type]
+            relay = self.membership.relays.get(msg.producer)
+            if self.clock is not None and not replay and relay is not None:
+                self.clock.sample(relay, msg.sent)  # type: ignore[union-attr]
             return
         prod = self.membership.seen(msg.producer, now)
         if prod is None:
@@ -192,6 +199,8 @@ class Aggregator:
                 self.run(prod.run).incomplete(prod, msg.incomplete, now, position, replay)
         elif isinstance(msg, protocol.Heartbeat):
             self.membership.note_stats(prod, msg.stats)
+            if self.clock is not None:
+                self.clock.sample(prod, msg.sent)
         elif isinstance(msg, protocol.Bye):
             self.membership.note_stats(prod, msg.stats)
             if msg.incomplete:
@@ -397,10 +406,14 @@ class Aggregator:
         self.output.snapshot(self, out)
         if self.configs.by_run:
             out["configs"] = self.configs.snapshot()
+        if self.clock is not None and self.clock.offsets:
+            out["clock_offsets"] = self.clock.snapshot()
         return out
 
     def restore(self, snapshot: Mapping, now: float) -> None:
         self._now = now
+        if self.clock is not None:
+            self.clock.restore(snapshot.get("clock_offsets", []))
         self.membership.restore(snapshot, now)
         for run in self.runs.values():  # the members restored replace any made before
             run.members = self.membership.runs.get(run.name, run.members)

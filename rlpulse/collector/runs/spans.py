@@ -2,9 +2,10 @@
 
 An entry whose table has a phase's ``time/{cluster}/{phase}/total`` is the end of that phase
 on that rank: :class:`SpanReader` reads it into a :class:`~rlpulse.schemas.spans.Span` with the
-phase's ``execute`` and GPU ``total`` when the table has them. Which columns those are is
-worked out once per name table (tables are shared and compared by identity), so an entry of
-any other table costs one dictionary lookup.
+phase's ``execute``, ``onload``, ``offload`` and GPU ``total`` when the table has them, and, for
+a phase that logged ``rollout/response/longest`` with it (``Phase.add``), that value. Which
+columns those are is worked out once per name table (tables are shared and compared by
+identity), so an entry of any other table costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import numpy as np
 
 from rlpulse.schemas.messages import ROW_BYTES, Table
+from rlpulse.schemas.rollout import ROLLOUT_RESPONSE_LONGEST
 from rlpulse.schemas.spans import Span
 from rlpulse.schemas.topology import TIME_PHASE, TIME_PHASE_GPU
 
@@ -21,28 +23,38 @@ MAX_TABLES = 4096
 """Tables whose phase columns are remembered (more: the memo starts over)."""
 
 
-class _Columns:
-    """One table's phases: per ``(cluster, phase)`` the row of total, execute, GPU total."""
+_PARTS = {"total": 0, "execute": 1, "onload": 2, "offload": 3}
+"""A phase's host parts: their place in a phase's columns (the GPU total comes after)."""
+_LONGEST = ROLLOUT_RESPONSE_LONGEST.name
 
-    __slots__ = ("phases",)
+
+class _Columns:
+    """One table's phases: per ``(cluster, phase)`` the rows of total, execute, onload,
+    offload and GPU total (-1: absent), and the row of ``rollout/response/longest``."""
+
+    __slots__ = ("longest", "phases")
 
     def __init__(self, table: Table) -> None:
         found: dict[tuple[str, str], list[int]] = {}
+        self.longest = -1
         for i, name in enumerate(table.names):
+            if name == _LONGEST:
+                self.longest = i
+                continue
             host = TIME_PHASE.match(name)
             gpu = None if host else TIME_PHASE_GPU.match(name)
             params = host or gpu
             if params is None:
                 continue
             part = params["part"]
-            if part not in ("total", "execute") or (gpu and part != "total"):
+            if gpu and part != "total":
                 continue
-            cols = found.setdefault((params["cluster"], params["phase"]), [-1, -1, -1])
-            cols[2 if gpu else 0 if part == "total" else 1] = i
-        self.phases = tuple(
-            (cluster, phase, total, execute, gpu)
-            for (cluster, phase), (total, execute, gpu) in found.items()
-            if total >= 0
+            cols = found.setdefault((params["cluster"], params["phase"]), [-1] * 5)
+            cols[4 if gpu else _PARTS[part]] = i
+        self.phases: tuple[tuple[str, str, int, int, int, int, int], ...] = tuple(
+            (cluster, phase, cols[0], cols[1], cols[2], cols[3], cols[4])
+            for (cluster, phase), cols in found.items()
+            if cols[0] >= 0
         )
 
 
@@ -64,8 +76,9 @@ class SpanReader:
         if not cols.phases or len(values) != table.nbytes:
             return []
         rows = np.frombuffer(values, dtype="<f8").reshape(-1, ROW_BYTES // 8)
+        longest = _value(rows, cols.longest) if len(cols.phases) == 1 else None
         out = []
-        for cluster, phase, total, execute, gpu in cols.phases:
+        for cluster, phase, total, execute, onload, offload, gpu in cols.phases:
             seconds = _value(rows, total)
             if seconds is None or not math.isfinite(seconds) or seconds < 0:
                 continue
@@ -80,6 +93,9 @@ class SpanReader:
                     t,
                     _value(rows, execute),
                     _value(rows, gpu),
+                    _value(rows, onload),
+                    _value(rows, offload),
+                    longest,
                 )
             )
         return out

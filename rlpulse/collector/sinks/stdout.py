@@ -12,6 +12,11 @@ everything but the last part for longer ones (``critic/score/mean`` is in ``crit
 A step's samples (``StepRecord.samples``) get one line per name: the rows logged, and the best
 and worst row's key value, origin and the start of its main text
 (``rlpulse.collector.sinks.samples_view``).
+
+A step with a ledger (``rlpulse.schemas.ledger``) gets it in one line, under the head line, in
+place of its ``ledger/...`` numbers (``rlpulse.schemas.ledger_view.line``)::
+
+      step 12 4.10 s = rollout 2.30 (tail 1.10, rollout/0: 60 tokens) + actor_train 1.20 + sync 0.30 + gaps 0.30 | overlap 0.40
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ from typing import Any, TextIO
 from rlpulse.collector.sinks import samples_view
 from rlpulse.collector.sinks.base import Sink, SinkContext, reject_unknown
 from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.ledger_view import line as ledger_line
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.samples import SampleState
 
 _number = samples_view.number
+LEDGER = "ledger/"
+"""The ledger's numbers, shown as its line instead."""
 
 
 class StdoutSink(Sink):
@@ -66,8 +74,13 @@ class StdoutSink(Sink):
         if record.partial:
             head += f"  PARTIAL ({record.why_partial()})"
         lines = [head]
+        ledger = ledger_line(record.step, record.metrics, record.ledger)
+        if ledger is not None:
+            lines.append(f"  {ledger}")
         families: dict[str, list[str]] = defaultdict(list)
         for name in sorted(record.metrics):
+            if ledger is not None and name.startswith(LEDGER):
+                continue
             family, _, rest = name.rpartition("/") if name.count("/") >= 2 else name.partition("/")
             families[family].append(f"{rest or family}={_number(record.metrics[name])}")
         width = max((len(f) for f in families), default=0)

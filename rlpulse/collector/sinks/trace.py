@@ -5,8 +5,12 @@
 https://ui.perfetto.dev and chrome://tracing open: a process per role, a thread per rank
 ("rank 3 @ host"), a complete event (``"ph": "X"``) per span (``rlpulse.schemas.spans``) named after
 the phase, with the step, the execute and GPU seconds in its ``args``, and on a first
-"steps" row one event per step from its first phase's start to its last phase's end.
-Timestamps are the ranks' wall clocks in microseconds.
+"steps" row one event per step from its first phase's start to its last phase's end (its
+``args`` with the step's ledger in one line, and the cause of a slow step). Under it, a
+"critical path" row marks the step's critical path (``rlpulse.schemas.ledger``): one event per
+stretch, named after the phase the step waited for (``args``: the rank, the bucket's seconds)
+or ``gap``. Timestamps are on the collector's timeline (the ranks' wall clocks moved by their
+measured offsets), in microseconds.
 
 The file is appended to as steps are emitted and closed with ``]`` when the collector stops
 or forgets the run (``run_retention_s`` after it ended), or when it was renamed (a log
@@ -36,12 +40,16 @@ from rlpulse.collector.sinks.base import (
     required_path,
 )
 from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.ledger import StepLedger
+from rlpulse.schemas.ledger_view import line as ledger_line
 from rlpulse.schemas.record import StepRecord
 from rlpulse.schemas.spans import trace_path as trace_path
 
 TAIL_BYTES = 4 * 1024 * 1024
 STEPS_PID = 0
 """The process row of the step events; roles take 1, 2, ... in order of appearance."""
+STEPS_TID, PATH_TID = 0, 1
+"""Its threads: the steps, and the steps' critical paths."""
 _STEP = re.compile(rb'"step":(\d+)')
 _JSON = msgspec.json.Encoder()
 
@@ -97,6 +105,8 @@ class TraceSink(Sink):
         meta = {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "steps"}}
         self._event(state, meta)
         self._event(state, {**meta, "name": "rlpulse_run", "args": {"run": run}})
+        for tid, name in ((STEPS_TID, "steps"), (PATH_TID, "critical path")):
+            self._event(state, {**meta, "tid": tid, "name": "thread_name", "args": {"name": name}})
         return state
 
     @staticmethod
@@ -109,18 +119,27 @@ class TraceSink(Sink):
         state = self._run(record.run)
         start = min(s.start for s in record.spans)
         end = max(s.end for s in record.spans)
+        step_args: dict[str, Any] = {"step": record.step, "partial": record.partial}
+        ledger = record.ledger
+        summary = ledger_line(record.step, record.metrics, ledger)
+        if summary is not None:
+            step_args["ledger"] = summary
+        if ledger is not None and ledger.cause is not None:
+            step_args["cause"] = ledger.cause.label()
         self._event(
             state,
             {
                 "ph": "X",
                 "name": f"step {record.step}",
                 "pid": STEPS_PID,
-                "tid": 0,
+                "tid": STEPS_TID,
                 "ts": start * 1e6,
                 "dur": (end - start) * 1e6,
-                "args": {"step": record.step, "partial": record.partial},
+                "args": step_args,
             },
         )
+        if ledger is not None:
+            self._critical_path(state, record.step, ledger)
         for span in record.spans:
             pid = state.pids.get(span.role)
             if pid is None:
@@ -168,6 +187,26 @@ class TraceSink(Sink):
                 },
             )
         state.file.flush()
+
+    def _critical_path(self, state: _Run, step: int, ledger: StepLedger) -> None:
+        """The step's critical path on its row: the phase (and rank) it waited for, or gaps."""
+        for seg in ledger.path:
+            args: dict[str, Any] = {"step": step}
+            if seg.role:
+                args["rank"] = f"{seg.role}/{seg.rank}"
+            self._event(
+                state,
+                {
+                    "ph": "X",
+                    "name": seg.phase or "gap",
+                    "cat": "critical_path",
+                    "pid": STEPS_PID,
+                    "tid": PATH_TID,
+                    "ts": (ledger.start + seg.start) * 1e6,
+                    "dur": seg.seconds * 1e6,
+                    "args": args,
+                },
+            )
 
     def written_through(self) -> dict[str, int]:
         """The last step of each run already in its file (from the file's tail)."""

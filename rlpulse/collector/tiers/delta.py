@@ -117,8 +117,10 @@ def apply_delta(
     resuming = membership.resuming
     clock = agg.clock
     bound = clock.now() if clock is not None else None
+    offset = clock.offsets.get(relay.pid, 0.0) if clock is not None else 0.0
     for i, entry in enumerate(msg.entries):
         step, t_first, t_last, table_id, values, nonfinite, pids, owners = entry
+        t_first, t_last = t_first + offset, t_last + offset  # the relay's clock to ours
         if clock is not None and bound is not None and t_last > bound:  # relay's or ranks'
             if t_last - bound > CLOCK_SKEW_S and not replay:
                 health.clock_skew += 1
@@ -146,8 +148,8 @@ def apply_delta(
         run.merger.add_merged(state, table, values, row_roles, pids, (t_first, t_last), *side)
     for step, span in msg.spans:
         state = run.steps.get(step)  # opened by the step's entries, unless they came late
-        if state is not None:
-            state.spans.append(span)
+        if state is not None:  # on the relay's timeline: moved onto ours
+            state.spans.append(span.moved(offset) if offset else span)
     for pid, step in msg.incomplete:  # a member said it dropped values of the step
         member = membership.producers.get(pid)
         if member is not None and member.via == relay.pid:

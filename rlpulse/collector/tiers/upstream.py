@@ -121,6 +121,10 @@ class UpstreamSink(Sink):
         """When ZeroMQ gave the connection up after a refusal (``clock``): a new one is made
         ``REFUSED_RETRY_S`` later."""
         self._ratelog = RateLimitedLog(log, interval_s=60.0)
+        self._stamped_at = -HEARTBEAT_S
+        """When a heartbeat last went up (``clock``): one every ``HEARTBEAT_S`` also while
+        deltas flow, so the collector above keeps measuring this relay's clock offset (its
+        stamp)."""
 
     def report(self, state: Mapping[str, int]) -> None:
         """The relay's own state for its next heartbeats (``RELAY_STAT_KEYS``); any thread."""
@@ -134,7 +138,8 @@ class UpstreamSink(Sink):
         ``state_dir`` full)."""
         with self._state_lock:
             changed = self._state != self._told
-        if changed or self._clock() - self._beat_at >= HEARTBEAT_S:
+        now = self._clock()
+        if changed or now - self._beat_at >= HEARTBEAT_S or now - self._stamped_at >= HEARTBEAT_S:
             self._heartbeat()
 
     def _heartbeat(self, answer: bool = False) -> None:
@@ -143,9 +148,10 @@ class UpstreamSink(Sink):
         if self._connected and self._answered:
             with self._state_lock:
                 stats = dict(self._state)
-            beat = protocol.Heartbeat(self.producer_id, 0, stats, flush=answer)
+            beat = protocol.Heartbeat(self.producer_id, 0, stats, answer, time.time())
             self._link().send(protocol.encode(beat))
-            self._beat_at, self._told = self._clock(), stats
+            self._beat_at = self._stamped_at = self._clock()
+            self._told = stats
 
     def open(self) -> None:
         pass  # the socket is made on the sink's own thread, at the first write
@@ -236,6 +242,7 @@ class UpstreamSink(Sink):
             os.getpid(),
             list(self._tables.values()),
             list(self._members.values()),
+            time.time(),  # our clock: the collector above measures its offset from it
         )
         self._link().send(protocol.encode(hello))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.collector.output.promnames import PREFIX, prom_metric
-from rlpulse.schemas import engine as E, metrics as M
+from rlpulse.schemas import attribution as A, engine as E, ledger as L, metrics as M
 from rlpulse.schemas.catalog import Entry, Template
 from rlpulse.schemas.reductions import Stat
 from rlpulse.schemas.topology import GENERATE, PHASES, SERVE
@@ -480,6 +480,7 @@ def throughput() -> dict[str, Any]:
             "(a flat line) with a large lag fires RLPulsePersistentStraggler. The run's trace "
             "(trace tracker; rlpulse report --timeline) shows the ranks side by side.",
         ),
+        *ledger_row(),
         *engine_row(),
     ]
     return dashboard(
@@ -488,6 +489,69 @@ def throughput() -> dict[str, Any]:
         "Tokens per second, samples, driver stage and per-phase times.",
         layout(panels),
     )
+
+
+def stacked(p: dict[str, Any]) -> dict[str, Any]:
+    """A time series panel whose series are stacked (parts of one whole), filled."""
+    custom = p["fieldConfig"]["defaults"]["custom"]
+    custom["stacking"] = {"mode": "normal", "group": "A"}
+    custom["fillOpacity"] = 60
+    return p
+
+
+def ledger_row() -> list[dict[str, Any]]:
+    """The step ledger (rlpulse.schemas.ledger): where each step's wall time went."""
+    r = "{{run}}"
+    buckets = prom_metric(L.LEDGER_BUCKET.format(bucket=L.WORK)).name
+    fractions = prom_metric(L.LEDGER_FRACTION.format(bucket=L.WORK)).name
+    path = prom_metric(L.LEDGER_PATH.format(cluster="c", phase=PHASES[0], part="execute")).name
+    summed = f'{{{RUN}, bucket!="{L.OVERLAP}"}}'
+    return [
+        row("Step ledger: where each step's time went"),
+        stacked(
+            panel(
+                "Step wall time by bucket (stacked)",
+                [(f"{buckets}{summed}", f"{r} {{{{bucket}}}}")],
+                "s",
+                description="ledger/{bucket}: each second of the step's wall time (first rank's "
+                "start to last rank's end) in one bucket: work on the critical path, straggler "
+                "wait, rollout tail, weight sync, reward, checkpoint, gaps (no rank in a phase) "
+                "and unaccounted; they stack to ledger/wall. docs/ledger.md; rlpulse why "
+                "RUN.jsonl --step N for one step.",
+            )
+        ),
+        stacked(
+            panel(
+                "Share of the step by bucket",
+                [(f"{fractions}{summed}", f"{r} {{{{bucket}}}}")],
+                "percentunit",
+                description="ledger/{bucket}/fraction: the same buckets as shares of the step.",
+            )
+        ),
+        stacked(
+            panel(
+                "Critical path by phase and part",
+                [(f"{path}{{{RUN}}}", f"{r} {{{{cluster}}}}/{{{{phase}}}} {{{{part}}}}")],
+                "s",
+                description="ledger/path/{cluster}/{phase}/{part}: the step's critical path in "
+                "each phase: its execute, onload and offload, the straggler wait of its "
+                "slowest rank and the rollout tail.",
+            )
+        ),
+        panel(
+            "Step against the run's rolling median",
+            [
+                (sel(L.LEDGER_WALL), f"{r} step"),
+                (sel(A.LEDGER_MEDIAN), f"{r} rolling median"),
+                (sel(A.LEDGER_EXCESS), f"{r} excess"),
+                (f'{buckets}{{{RUN}, bucket="{L.OVERLAP}"}}', f"{r} overlap (not in the sum)"),
+            ],
+            "s",
+            description="ledger/wall beside the median of the run's previous steps; above "
+            "ledger_margin (20%) the step record names a cause (the jsonl's ledger.cause, the "
+            "stdout line, the trace's step event).",
+        ),
+    ]
 
 
 def engine_row() -> list[dict[str, Any]]:

@@ -73,6 +73,8 @@ class ActorTrainWorker(Worker):
         Returns a small summary for the progress bar."""
         with self.phase(TRAIN_STEP, step, self.mover):
             result = self.trainer.train(shard, kl_coef)
+            # after the last all-reduce, so that only this rank is slower (faults.py)
+            self.cfg.faults.inject("slow_train", step, self.spec.rank)
         for stats, sft in zip(result.policy, result.sft, strict=True):
             self.producer.log(emit.policy_step(stats, sft), step)
         self.producer.log(emit.policy_shard(shard, result.lr), step)
@@ -87,6 +89,7 @@ class ActorTrainWorker(Worker):
         """The policy weights for the rollout engine (model_update, sending side)."""
         with self.phase(MODEL_UPDATE, step, self.mover):
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.cfg.faults.inject("stall_sync", step)  # rank 0 alone pushes the weights
         return state
 
     def checkpoint(self, step: int, directory: str) -> str | None:

@@ -25,4 +25,5 @@ class RewardWorker(Worker):
             correct = torch.tensor(
                 [is_correct(r, a) for r, a in zip(responses, answers, strict=True)]
             )
+            self.cfg.faults.inject("slow_reward", step)
         return scores, correct

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+import numpy as np
 import torch
 
+from rlpulse.producer.vllm_stats import step_metrics
 from rlpulse.schemas.engine import ENGINE_PREEMPTIONS
 from rlpulse.schemas.errors import ConfigError
+from rlpulse.schemas.rollout import ROLLOUT_RESPONSE_FINISH, ROLLOUT_RESPONSE_LONGEST
 from rlpulse.schemas.topology import GENERATE, MODEL_UPDATE, ROLLOUT
 from rlpulse.trainer.config import TrainerConfig
 from rlpulse.trainer.model import build_policy
@@ -147,21 +151,31 @@ class RolloutWorker(Worker):
             )
 
     def generate(self, step: int, prompts: Sequence[str], greedy: bool = False) -> Generation:
-        cfg = self.cfg.rollout
-        with self._phase(GENERATE, step):
+        cfg, faults = self.cfg.rollout, self.cfg.faults
+        long_row = None
+        if not greedy and step == faults.long_response_step:  # a fault, on purpose
+            long_row = (0, faults.long_tokens(cfg.max_new_tokens))
+        with self._phase(GENERATE, step) as phase:
+            started = time.perf_counter()
             if self.engine is not None:
                 ids, mask = encode_prompts(self.tokenizer, prompts)
                 rows = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
                 responses, log_probs = self.engine.generate(
-                    rows, cfg.temperature, cfg.top_p, greedy
+                    rows, cfg.temperature, cfg.top_p, greedy, long_row
                 )
                 out = assemble_batch(
                     ids, mask, responses, cfg.max_new_tokens, self.tokenizer, log_probs
                 )
                 # What the engine did for this call (validation included), read after it.
-                engine_metrics = self.engine.take_metrics()
+                deltas, samples = self.engine.take_raw()
+                engine_metrics = step_metrics(deltas, samples)
                 self.producer.log(engine_metrics, step)
                 self._warn_preempted(step, engine_metrics.get(ENGINE_PREEMPTIONS.name, 0))
+                out = dataclasses.replace(
+                    out,
+                    finished=tuple(samples.finished),
+                    lengths=tuple(len(r) for r in responses),
+                )
             else:
                 out = generate_hf(
                     self.model,
@@ -171,5 +185,20 @@ class RolloutWorker(Worker):
                     temperature=cfg.temperature,
                     top_p=cfg.top_p,
                     greedy=greedy,
+                    long_row=long_row,
                 )
+            if not greedy:  # the step's training responses: when each ended, the longest
+                phase.add(response_metrics(out, started))
         return dataclasses.replace(out, policy_version=self.policy_version)
+
+
+def response_metrics(gen: Generation, started: float) -> dict[str, Any]:
+    """What a training generation logs with its phase (``Phase.add``): when each response
+    ended, in seconds from ``started`` (the phase's work began), and the longest response's
+    tokens; the step ledger's rollout tail (``rlpulse.schemas.ledger``)."""
+    out: dict[str, Any] = {}
+    if gen.finished:
+        out[ROLLOUT_RESPONSE_FINISH.name] = np.asarray(gen.finished, dtype=np.float64) - started
+    if gen.lengths:
+        out[ROLLOUT_RESPONSE_LONGEST.name] = max(gen.lengths)
+    return out
