@@ -23,6 +23,9 @@ from rlpulse.schemas.errors import ConfigError  # one error type for every confi
 from rlpulse.schemas.topology import ACTOR_TRAIN, CRITIC, DRIVER, REFERENCE, REWARD, ROLLOUT
 from rlpulse.trainer.faults import FaultsConfig
 
+RolloutDtype = Literal["float32", "bfloat16"]
+"""What vLLM computes in (``rollout.dtype``)."""
+
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
@@ -118,7 +121,7 @@ class RolloutConfig:
     top_p: float = 1.0
     samples_per_prompt: int = 4
     """Responses per prompt (a GRPO group)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: RolloutDtype = "float32"
     """vLLM's weights and activations; the trainer scores in float32 (rollout/logprob_diff
     shows what bfloat16 costs)."""
     kv_cache_mb: int = 64
@@ -128,7 +131,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _require(
-            self.dtype in ("float32", "bfloat16"),
+            self.dtype in get_args(RolloutDtype),
             "rollout.dtype",
             "must be float32 or bfloat16",
             self.dtype,

@@ -10,6 +10,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -22,6 +23,7 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from rlpulse.trainer.batch import RolloutBatch
 from rlpulse.trainer.model import token_log_probs
@@ -173,7 +175,10 @@ def generate_hf(
         **sampling,
     )
     steps = StepTimes()
-    out = model.generate(
+    # transformers types generate() for its generation mixin's self, not the model classes,
+    # and returns a union: with return_dict_in_generate a decoder-only model's output.
+    generator: Any = model
+    out: GenerateDecoderOnlyOutput = generator.generate(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
         generation_config=config,
@@ -192,7 +197,9 @@ def generate_hf(
         # from: generate's scores are the logits after temperature and top_p, one (B, V) per
         # new token. The trainer scores the same tokens with a full forward pass at
         # temperature 1; rollout/logprob_diff is the difference.
-        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, new tokens, V)
+        scores = (
+            torch.stack(cast("tuple[Tensor, ...]", out.scores), dim=1).float().cpu()
+        )  # (B, new tokens, V)
         log_probs = token_log_probs(scores, new[:, : scores.shape[1]]).tolist()
     gen = assemble_batch(ids, mask, responses, max_new_tokens, tokenizer, log_probs)
     finished = tuple(steps.times[min(n, len(steps.times)) - 1] for n in lengths)

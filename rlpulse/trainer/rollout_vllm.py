@@ -19,13 +19,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from rlpulse.producer.vllm_stats import EngineStats, StepSamples
 from rlpulse.schemas.errors import ConfigError
-from rlpulse.trainer.config import ModelConfig, RolloutConfig
+from rlpulse.trainer.config import ModelConfig, RolloutConfig, RolloutDtype
 
 ENGINE_ENV: dict[str, str] = {
     # The engine in this process (no EngineCore/worker processes): 2-3 s to start instead
@@ -102,7 +102,7 @@ def cpu_refusal(
     On CUDA neither applies: vLLM runs other head sizes and sizes its cache from
     ``rollout.gpu_memory_utilization``.
 
-    >>> from rlpulse.trainer.config import ModelConfig, RolloutConfig
+    >>> from rlpulse.trainer.config import ModelConfig, RolloutConfig, RolloutDtype
     >>> cpu_refusal(ModelConfig(num_heads=4), RolloutConfig()).field
     'model.num_heads'
     """
@@ -131,7 +131,7 @@ class EngineSettings:
 
     max_new_tokens: int
     seed: int
-    dtype: str = "float32"
+    dtype: RolloutDtype = "float32"
     kv_cache_mb: int = 64
     """KV cache on CPU (vLLM otherwise takes 11.6 GiB of a 24 GiB machine)."""
     gpu_memory_utilization: float = 0.3
@@ -240,7 +240,7 @@ class VLLMEngine:
             params[row] = SamplingParams(
                 max_tokens=length, min_tokens=length, ignore_eos=True, **sampling
             )
-        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
+        prompts: list[Any] = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         try:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         except Exception as exc:  # an engine that died: the step's rollout is lost
@@ -252,8 +252,11 @@ class VLLMEngine:
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         if greedy:
             return tokens, None
-        log_probs = [
-            [float(step[t].logprob) for t, step in zip(ids, o.outputs[0].logprobs, strict=True)]
+        log_probs = [  # asked for (SamplingParams.logprobs): one map per sampled token
+            [
+                float(step[t].logprob)
+                for t, step in zip(ids, cast(Any, o.outputs[0].logprobs), strict=True)
+            ]
             for ids, o in zip(tokens, outputs, strict=True)
         ]
         return tokens, log_probs

@@ -89,7 +89,7 @@ def test_stamps_are_optional_last_fields_older_and_newer_decoders_agree() -> Non
     stamped = hello(9, sent=99.25)
     assert stamped.sent == 99.25
     # a hello without its last field, as a producer that predates it sends it
-    shorter = msgspec.msgpack.encode(msgspec.to_builtins(stamped)[:-1])
+    shorter = msgspec.msgpack.encode(msgspec.msgpack.decode(msgspec.msgpack.encode(stamped))[:-1])
     assert P.decode(shorter) == msgspec.structs.replace(stamped, sent=0.0)
     with pytest.raises(SchemaError) as bad:
         P.decode(P.encode_heartbeat(5, 3, {}, sent=float("nan")))
