@@ -1,9 +1,14 @@
 """Why a step was slow: its ledger against the run's rolling median step.
 
 A step is *slow* when its wall time (``ledger/wall``) exceeds the median wall time of the
-run's previous :data:`WINDOW` steps (once there are :data:`MIN_HISTORY`) by more than
-``margin`` times that median (the collector's ``ledger_margin``, :data:`DEFAULT_MARGIN`). Its
-*excess* is its wall time less that median.
+run's previous steps *of its kind* by more than ``margin`` times that median (the collector's
+``ledger_margin``, :data:`DEFAULT_MARGIN`), once the run has had :data:`MIN_HISTORY` steps.
+A step's kind is which phases it ran and how many times (``StepLedger.runs``): a validation
+step, which runs the generation twice, is measured against the last validation steps
+(:data:`WINDOW` of each kind), not against the steps between them, which do less; a step of a
+kind the run has not had yet is measured against its previous :data:`WINDOW` steps of any
+kind, so the phase it added shows as its rise. Its *excess* is its wall time less that
+median.
 
 The step's ledger is read as *items*: a bucket of one phase (``straggler`` of
 ``train_step``, ``work`` of ``generate``, ``sync`` of ``model_update``...), whichever role's
@@ -30,8 +35,9 @@ rose most. Every step, slow or not, then joins the window.
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlpulse.schemas.catalog import Entry
 from rlpulse.schemas.ledger import LEDGER_WALL, TAIL, Cause, StepLedger, items
@@ -41,7 +47,9 @@ DEFAULT_MARGIN = 0.2
 """How much slower than the rolling median a step must be to be given a cause (a fraction of
 the median): the default of the collector's ``ledger_margin``."""
 WINDOW = 20
-"""Previous steps the rolling median is taken over."""
+"""Previous steps the rolling median is taken over (of each kind, and of any kind)."""
+KINDS = 32
+"""Kinds of step a run's window keeps (the least recently seen is dropped first)."""
 MIN_HISTORY = 3
 """Steps a run must have had before one is judged (the first steps warm up)."""
 EXPLAINS = 0.8
@@ -54,8 +62,9 @@ LEDGER_MEDIAN = Entry(
     "ledger/median",
     Reduction.LAST,
     "s",
-    f"The median ledger/wall of the run's previous {WINDOW} steps (from its second step on): "
-    f"the step a slow step is measured against. {_BY}",
+    f"The median ledger/wall of the run's previous {WINDOW} steps of this step's kind (the "
+    f"phases it ran, and how often; of any kind for a kind not seen before), from the run's "
+    f"second step on: the step a slow step is measured against. {_BY}",
     derived=True,
 )
 LEDGER_EXCESS = Entry(
@@ -70,11 +79,23 @@ LEDGER_EXCESS = Entry(
 ENTRIES = (LEDGER_MEDIAN, LEDGER_EXCESS)
 
 
+Step = tuple[float, dict[str, float]]
+"""A previous step: its wall time and its items pooled by phase (:func:`by_phase`)."""
+
+
+def kind_of(runs: Mapping[str, int]) -> str:
+    """A step's kind as a key: ``cluster/phase*runs`` joined, sorted."""
+    return ",".join(f"{phase}*{n}" for phase, n in sorted(runs.items()))
+
+
 class RollingSteps:
-    """One run's previous steps (wall time and ledger items), judging each new one."""
+    """One run's previous steps (wall time and ledger items), judging each new one: the last
+    :data:`WINDOW` of any kind, and of each of the last :data:`KINDS` kinds."""
 
     def __init__(self, window: int = WINDOW) -> None:
-        self.steps: deque[tuple[float, dict[str, float]]] = deque(maxlen=window)
+        self.window = window
+        self.steps: deque[Step] = deque(maxlen=window)
+        self.kinds: OrderedDict[str, deque[Step]] = OrderedDict()
 
     def judge(
         self, metrics: Mapping[str, float], ledger: StepLedger, margin: float
@@ -84,28 +105,41 @@ class RollingSteps:
         run has had :data:`MIN_HISTORY` steps (else None). The step then joins the window."""
         wall, detail = metrics[LEDGER_WALL.name], items(metrics)
         mine = by_phase(detail)
+        kind = kind_of(ledger.runs)
         out: dict[str, float] = {}
         cause = None
         if self.steps:
-            median = statistics.median(w for w, _ in self.steps)
+            like = self.kinds.get(kind) or self.steps
+            median = statistics.median(w for w, _ in like)
             excess = wall - median
             out = {LEDGER_MEDIAN.name: median, LEDGER_EXCESS.name: excess}
             if len(self.steps) >= MIN_HISTORY and excess > margin * median:
-                cause = self._cause(mine, detail, ledger, excess)
-        self.steps.append((wall, mine))
+                cause = self._cause(like, mine, detail, ledger, excess)
+        self._join(kind, (wall, mine))
         return out, cause
+
+    def _join(self, kind: str, step: Step) -> None:
+        self.steps.append(step)
+        same = self.kinds.pop(kind, None)
+        if same is None:
+            same = deque(maxlen=self.window)
+            if len(self.kinds) >= KINDS:
+                self.kinds.popitem(last=False)
+        same.append(step)
+        self.kinds[kind] = same  # the most recently seen last
 
     def _cause(
         self,
+        like: Sequence[Step],
         mine: Mapping[str, float],
         detail: Mapping[str, float],
         ledger: StepLedger,
         excess: float,
     ) -> Cause:
-        keys = set(mine).union(*(its for _, its in self.steps))
+        keys = set(mine).union(*(its for _, its in like))
         rises = sorted(
             (
-                (mine.get(k, 0.0) - statistics.median(its.get(k, 0.0) for _, its in self.steps), k)
+                (mine.get(k, 0.0) - statistics.median(its.get(k, 0.0) for _, its in like), k)
                 for k in keys
             ),
             reverse=True,
@@ -117,18 +151,35 @@ class RollingSteps:
             return named[0]
         return Cause("mixed", seconds=excess, share=1.0, top=named)
 
-    def add(self, metrics: Mapping[str, float]) -> None:
-        """Recovery: a step already emitted (its record's metrics) joins the window."""
+    def add(self, metrics: Mapping[str, float], runs: Mapping[str, int]) -> None:
+        """Recovery: a step already emitted (its record's metrics and its ledger's ``runs``)
+        joins the window."""
         if LEDGER_WALL.name in metrics:
-            self.steps.append((metrics[LEDGER_WALL.name], by_phase(items(metrics))))
+            self._join(kind_of(runs), (metrics[LEDGER_WALL.name], by_phase(items(metrics))))
 
-    def snapshot(self) -> list:
-        return [[wall, its] for wall, its in self.steps]
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "steps": [[wall, its] for wall, its in self.steps],
+            "kinds": [[kind, [[w, its] for w, its in same]] for kind, same in self.kinds.items()],
+        }
 
-    def restore(self, data: Sequence) -> None:
+    def restore(self, data: Mapping[str, Any] | Sequence) -> None:
+        """From :meth:`snapshot` (a bare list of steps: a checkpoint from before kinds, its
+        steps then of no known kind)."""
         self.steps.clear()
-        for wall, its in data:
-            self.steps.append((float(wall), {str(k): float(v) for k, v in its.items()}))
+        self.kinds.clear()
+        if isinstance(data, Mapping):
+            steps, kinds = data["steps"], data["kinds"]
+        else:
+            steps, kinds = data, []
+        for wall, its in steps:
+            self.steps.append(_step(wall, its))
+        for kind, same in kinds:
+            self.kinds[str(kind)] = deque((_step(w, its) for w, its in same), maxlen=self.window)
+
+
+def _step(wall: Any, its: Mapping[Any, Any]) -> Step:
+    return float(wall), {str(k): float(v) for k, v in its.items()}
 
 
 def by_phase(detail: Mapping[str, float]) -> dict[str, float]:

@@ -56,6 +56,7 @@ behind each: the slowest rank of a straggler, the engine of the step's longest r
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
@@ -136,6 +137,10 @@ class StepLedger(msgspec.Struct, frozen=True, omit_defaults=True):
     """``bucket:cluster/phase`` -> ``role/rank`` behind it (the rank on the path)."""
     longest: float = 0.0
     """Tokens of the step's longest response; ``who["longest"]`` names its engine."""
+    runs: dict[str, int] = {}
+    """``cluster/phase`` -> how many times the rank that ran it most ran it in the step: the
+    step's kind (a validation step runs ``rollout/generate`` twice), which attribution compares
+    like with like (``rlpulse.schemas.attribution``)."""
     cause: Cause | None = None
 
 
@@ -225,6 +230,7 @@ def compute(spans: Iterable[Span], finish_p90: float | None = None) -> Ledger | 
     parallel: dict[tuple[str, str], list[Span]] = {}
     for s in ordered:
         parallel.setdefault((s.cluster, s.phase), []).append(s)
+    runs = {f"{c}/{p}": _most_runs(these) for (c, p), these in parallel.items()}
     buckets = dict.fromkeys(BUCKETS, 0.0)
     # every part of every phase of the step, 0 when not on the path: a gauge that kept the
     # last step's value would show a stale straggler or tail
@@ -254,8 +260,14 @@ def compute(spans: Iterable[Span], finish_p90: float | None = None) -> Ledger | 
     if longest is not None:
         who["longest"] = f"{longest.role}/{longest.rank}"
     tokens = (longest.longest or 0.0) if longest is not None else 0.0
-    record = StepLedger(start, end - start, _merged(segments), who, tokens)
+    record = StepLedger(start, end - start, _merged(segments), who, tokens, runs)
     return Ledger(buckets, parts, record)
+
+
+def _most_runs(spans: Sequence[Span]) -> int:
+    """How many of ``spans`` (one phase's) the rank with the most of them ran."""
+    counts = collections.Counter((s.role, s.rank) for s in spans)
+    return max(counts.values())
 
 
 def _longest(span: Span) -> tuple[float, float]:

@@ -104,10 +104,56 @@ def test_the_window_rolls_and_survives_a_snapshot() -> None:
     again = A.RollingSteps(window=4)
     again.restore(window.snapshot())
     assert list(again.steps) == list(window.steps)
+    assert again.kinds == window.kinds
     read_back = A.RollingSteps(window=4)
     for i in range(6):
-        read_back.add(step_metrics(demo_step(10.0 * i, reward=0.1 + i), 1.0)[0])
+        metrics, record = step_metrics(demo_step(10.0 * i, reward=0.1 + i), 1.0)
+        read_back.add(metrics, record.runs)
     assert list(read_back.steps) == list(window.steps), "rebuilt from records' metrics alike"
+    assert read_back.kinds == window.kinds
+    older = A.RollingSteps(window=4)  # a checkpoint from before kinds: a bare list of steps
+    older.restore(window.snapshot()["steps"])
+    assert list(older.steps) == list(window.steps) and not older.kinds
+
+
+def with_validation(t0: float, validation: float = 0.8, **fault: float) -> list[Span]:
+    """``demo_step`` after a validation: the generation run once more, greedy, at the start."""
+    first = Span("rollout", 0, "h", "rollout", "generate", t0, t0 + validation, validation)
+    return [first, *demo_step(t0 + validation, **fault)]
+
+
+def test_a_step_is_measured_against_earlier_steps_of_its_kind() -> None:
+    """Validation every 5th step (the generation twice: 0.8 s more, a third of a step) is no
+    slow step once the run has had one: each is measured against the validation steps before
+    it. The first, of a kind the run had not had, is measured against the steps before it, and
+    the validation it added is its cause. A fault in a validation step is still named."""
+    window = A.RollingSteps()
+    causes = {}
+    for i in range(30):
+        validates = i % 5 == 0 and i > 0  # the first at step 5: a kind the run has not had
+        fault = {"reward": 1.1} if i == 25 else {}
+        spans = with_validation(10.0 * i, **fault) if validates else demo_step(10.0 * i)
+        numbers, cause = judged(window, spans)
+        if cause is not None:
+            causes[i] = cause
+        if validates and i >= 10:
+            assert numbers["ledger/median"] == pytest.approx(3.1)  # the validation steps'
+        elif not validates and i >= 4:
+            assert numbers["ledger/median"] == pytest.approx(2.3)  # the others'
+    assert sorted(causes) == [5, 25]
+    first = causes[5]
+    assert (first.bucket, first.role, first.rank, first.phase) == (
+        L.WORK,
+        "rollout",
+        0,
+        "rollout/generate",
+    )
+    assert first.seconds == pytest.approx(0.8)
+    late = causes[25]
+    assert (late.bucket, late.role, late.phase) == (L.REWARD, "reward", "reward/compute_rewards")
+    assert late.seconds == pytest.approx(1.0)
+    kinds = window.kinds.keys()
+    assert len(kinds) == 2 and any("rollout/generate*2" in k for k in kinds)
 
 
 def test_a_parallel_role_taking_the_path_over_is_no_rise() -> None:

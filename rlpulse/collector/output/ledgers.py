@@ -18,6 +18,7 @@ throughput window is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -57,15 +58,17 @@ class Ledgers:
         record = ledger.record
         return record if cause is None else msgspec.structs.replace(record, cause=cause)
 
-    def note_emitted(self, run: str, metrics: Mapping[str, float]) -> None:
+    def note_emitted(
+        self, run: str, metrics: Mapping[str, float], ledger: StepLedger | None
+    ) -> None:
         """Recovery: a step of ``run`` already in the outbox joins its window."""
-        self._run(run).add(metrics)
+        self._run(run).add(metrics, ledger.runs if ledger is not None else {})
 
-    def snapshot(self, run: str) -> list:
+    def snapshot(self, run: str) -> Mapping[str, Any] | list:
         steps = self.runs.get(run)
         return steps.snapshot() if steps is not None else []
 
-    def restore(self, run: str, data: Sequence) -> None:
+    def restore(self, run: str, data: Mapping[str, Any] | Sequence) -> None:
         self._run(run).restore(data)
 
     def forget(self, run: str) -> None:

@@ -205,7 +205,7 @@ class StepRecords:
         """Continue the run's throughput window, cumulative totals and the window of its
         ledger's steps from ``record``."""
         self._totals(record.run).resume(record.time, record.metrics)
-        self.ledgers.note_emitted(record.run, record.metrics)
+        self.ledgers.note_emitted(record.run, record.metrics, record.ledger)
 
     def snapshot(self, agg: Host, out: dict) -> None:
         for name, data in out["runs"].items():
