@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlpulse.producer.integrations import roll_states as S  # noqa: E402
+from rlpulse.producer.integrations import roll_config, roll_states as S  # noqa: E402
 from rlpulse.producer.values import Fraction, Weighted  # noqa: E402
 from rlpulse.schemas import metrics as M  # noqa: E402
 
@@ -80,7 +80,7 @@ def pooled(per_token, mbs, mode: str, mask_key: str = "mask") -> float:
     return sum(tokens) / len(tokens) if mode == "token-mean" else sum(seqs) / len(seqs)
 
 
-def run_actor(mbs, settings: S.ActorSettings, loss_masks=None) -> dict[str, list[Any]]:
+def run_actor(mbs, settings: roll_config.ActorSettings, loss_masks=None) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for k, mb in enumerate(mbs):
         t = S.ActorTensors(
@@ -100,7 +100,7 @@ def run_actor(mbs, settings: S.ActorSettings, loss_masks=None) -> dict[str, list
 @pytest.mark.parametrize("mode", S.MODES)
 def test_actor_losses_equal_pooled_truth_in_every_mode(mode: str) -> None:
     mbs = batches()
-    settings = S.ActorSettings(
+    settings = roll_config.ActorSettings(
         loss_agg_mode=mode,
         use_kl_loss=True,
         kl_loss_coef=0.1,
@@ -147,7 +147,7 @@ def test_actor_losses_equal_pooled_truth_in_every_mode(mode: str) -> None:
 
 def test_sequence_importance_sampling_clip_fractions_count_loss_tokens_only() -> None:
     mbs = batches(seed=11)
-    got = run_actor(mbs, S.ActorSettings(importance="seq", clip_low=0.05, clip_high=0.05))
+    got = run_actor(mbs, roll_config.ActorSettings(importance="seq", clip_low=0.05, clip_high=0.05))
 
     def seq_ratio(mb):
         mask = mb["mask"].bool()
@@ -162,12 +162,15 @@ def test_sequence_importance_sampling_clip_fractions_count_loss_tokens_only() ->
 
 def test_filters_pass_rates_and_final_mask_are_over_response_tokens() -> None:
     mbs = batches(seed=3)
-    corr = S.Correction(
+    corr = roll_config.Correction(
         is_weight=True,
         weight_type="token",
         upper_bound=1.2,
         has_filters=True,
-        filters=(S.Filter("token", ratio=(0.8, 1.25)), S.Filter("geometric", diff=(-0.05, 0.05))),
+        filters=(
+            roll_config.Filter("token", ratio=(0.8, 1.25)),
+            roll_config.Filter("geometric", diff=(-0.05, 0.05)),
+        ),
     )
     states: dict[str, list[Any]] = {}
     for mb in mbs:
@@ -225,7 +228,7 @@ def test_critic_statistics_are_sequence_means_pooled_over_the_step(value_clip) -
     states: dict[str, list[Any]] = {}
     for mb in mbs:
         values, old, ret = mb["logp"], mb["old"], mb["ref"]
-        out = S.critic_states(values, old, ret, mb["mask"], S.CriticSettings(value_clip))
+        out = S.critic_states(values, old, ret, mb["mask"], roll_config.CriticSettings(value_clip))
         for name, state in out.items():
             states.setdefault(name, []).append(state)
 
@@ -275,7 +278,7 @@ def test_settings_from_rolls_config_and_the_driver_names() -> None:
             ]
         },
     }
-    s = S.actor_settings(config, agentic=False)
+    s = roll_config.actor_settings(config, agentic=False)
     assert (s.clip_low, s.clip_high, s.norm_width, s.importance) == (0.1, 0.3, 12, "seq")
     assert s.correction is not None and s.correction.filters[0].ratio == (0.5, 2.0)
     names = S.worker_side(config)

@@ -37,7 +37,7 @@ from typing import Any
 
 from rlpulse.producer.client import Producer
 from rlpulse.producer.env import expected_roles_from_env
-from rlpulse.producer.integrations import roll_compat as C, roll_states as S
+from rlpulse.producer.integrations import roll_compat as C, roll_config, roll_states as S
 from rlpulse.producer.integrations.onimport import OnImport
 from rlpulse.producer.integrations.phases import MARK, Call, StepClock, as_phase
 from rlpulse.producer.integrations.roll_settings import (
@@ -316,9 +316,9 @@ def _states(
                 batch["values"],
                 batch["returns"],
                 batch["response_mask"][:, 1:],
-                S.critic_settings(config),
+                roll_config.critic_settings(config),
             )
-        settings = S.actor_settings(config, agentic=kind == "agentic")
+        settings = roll_config.actor_settings(config, agentic=kind == "agentic")
         response = batch["response_mask"][:, 1:].long()
         log_probs = captured["log_probs"]
         old = captured.get("old_log_probs", log_probs)
