@@ -1,0 +1,1 @@
+"""The Grafana dashboards: ``generate.py`` writes ``dashboards/`` in ``panels.py``'s vocabulary."""
