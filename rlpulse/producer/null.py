@@ -19,19 +19,20 @@ _P = ParamSpec("_P")
 
 def _takes_arguments_of(
     original: Callable[Concatenate[Any, _P], None],
-) -> Callable[[Callable[[Any], None]], Callable[Concatenate[Any, _P], None]]:
+) -> Callable[[Callable[[Any, Mapping[str, Any]], None]], Callable[Concatenate[Any, _P], None]]:
     """Give an ``__init__`` that needs nothing the parameters of ``original``: to a type
     checker, the very same signature; at run time, arguments bound against it, so a name
     ``original`` does not take fails with the same TypeError. Every argument may be left out
-    (``bind_partial``), as nothing is done with them."""
+    (``bind_partial``); ``init`` gets them by name, as bound."""
 
-    def decorate(init: Callable[[Any], None]) -> Callable[Concatenate[Any, _P], None]:
+    def decorate(
+        init: Callable[[Any, Mapping[str, Any]], None],
+    ) -> Callable[Concatenate[Any, _P], None]:
         signature = inspect.signature(original)
 
         @functools.wraps(init)
         def checked(self: Any, *args: _P.args, **kwargs: _P.kwargs) -> None:
-            signature.bind_partial(self, *args, **kwargs)
-            init(self)
+            init(self, signature.bind_partial(self, *args, **kwargs).arguments)
 
         checked.__signature__ = signature  # type: ignore[attr-defined]  # help() and inspect
         return checked
@@ -55,11 +56,14 @@ class NullProducer:
     """
 
     @_takes_arguments_of(Producer.__init__)
-    def __init__(self) -> None:
-        pass
+    def __init__(self, given: Mapping[str, Any]) -> None:
+        self.run: str = given.get("run", "")
 
     def log(self, data: Mapping[str, Any], step: SupportsIndex) -> None:
         pass
+
+    def run_config(self, config: Mapping[str, Any]) -> bool:
+        return False  # nothing is sent
 
     @contextmanager
     def phase(
@@ -86,6 +90,10 @@ class NullProducer:
 
     def close(self, timeout: float | None = None) -> None:
         pass
+
+    @property
+    def recorded_run(self) -> str:
+        return self.run
 
     def stats(self) -> dict[str, int]:
         return dict.fromkeys(STAT_KEYS, 0)

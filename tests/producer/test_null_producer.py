@@ -31,6 +31,21 @@ def test_its_signature_is_producers() -> None:
     assert null.parameters == inspect.signature(Producer).parameters
 
 
+def test_every_public_call_of_producer_is_there_alike() -> None:
+    """A NullProducer swapped in anywhere a Producer runs (the demo trainer with
+    ``metrics=false``) must take every call: ``run_config`` was missing, and the trainer's
+    ``metrics=false`` run died at its first line of rlpulse."""
+    public = {n for n in dir(Producer) if not n.startswith("_")}
+    assert public <= set(dir(NullProducer))
+    for name in public:
+        real, null = getattr(Producer, name), getattr(NullProducer, name)
+        if callable(real):
+            params = inspect.signature(null).parameters
+            assert params == inspect.signature(real).parameters, name
+    p = NullProducer(run="r", role="driver")
+    assert p.run_config({"lr": 1e-3}) is False and p.recorded_run == "r"
+
+
 def test_refuses_what_producer_refuses() -> None:
     with pytest.raises(TypeError, match="bogus"):
         NullProducer(run="r", role="a", bogus=1)  # type: ignore[call-arg]
