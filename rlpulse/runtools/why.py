@@ -1,11 +1,14 @@
 """``rlpulse why RUN.jsonl [--step N] [--run NAME]``: where a step's time went, against the
-run's median step.
+run's median step of its kind.
 
 It reads the step ledger the collector put in each record (``ledger/...`` numbers and the
 ``ledger`` object: ``rlpulse.schemas.ledger``): the step's line, the cause the collector named
 if the step was slow, then a table of its wall time, buckets and phases on the critical path
-beside the median of the run's other steps (each row's own median), and its critical path in
-order. Without ``--step``, the run's slowest step.
+beside the median of the run's other steps of its kind (each row's own median), and its
+critical path in order. A step's kind is which phases it ran and how often (``ledger.runs``),
+as the collector's attribution takes it (``rlpulse.schemas.attribution``): a validation step
+beside the other validation steps; a step of a kind the run had once, beside all its other
+steps. Without ``--step``, the run's slowest step.
 
 Exit status 0; 2 when the file cannot be read, holds no such run or step, or no ledger (the
 collector computes it from phase spans: workers that log no ``phase()`` have none).
@@ -62,7 +65,15 @@ def explain(steps: Mapping[int, StepRecord], step: int | None) -> str:
         near = ", ".join(map(str, have[:20])) + (f" ... {have[-1]}" if len(have) > 20 else "")
         raise WhyError(f"step {step} has no ledger in this run (steps with one: {near})")
     record = steps[step]
+    kind = _runs(record)
     others = [r.metrics for s, r in sorted(steps.items()) if s != step]
+    alike = [r.metrics for s, r in sorted(steps.items()) if s != step and _runs(r) == kind]
+    of = (
+        f"of its {len(alike)} other steps of its kind"
+        if alike
+        else f"of its {len(others)} other steps"
+    )
+    others = alike or others
     wall = record.metrics[LEDGER_WALL.name]
     out = [f"run {record.run}, step {step}: {wall:.3f} s"]
     if others:
@@ -70,8 +81,7 @@ def explain(steps: Mapping[int, StepRecord], step: int | None) -> str:
         median = table[0][2]
         more = wall - median
         out[0] += (
-            f"; the median step (of its {len(others)} other steps) {median:.3f} s: "
-            f"{more:+.3f} s ({more / median:+.0%})"
+            f"; the median step ({of}) {median:.3f} s: {more:+.3f} s ({more / median:+.0%})"
             if median > 0
             else ""
         )
@@ -101,6 +111,11 @@ def explain(steps: Mapping[int, StepRecord], step: int | None) -> str:
             who = f"{seg.role}/{seg.rank}  {seg.phase}" if seg.role else "gap"
             out.append(f"  {seg.start:8.3f} {seg.end:8.3f}  {seg.seconds:7.3f}  {who}")
     return "\n".join(out)
+
+
+def _runs(record: StepRecord) -> Mapping[str, int]:
+    """The step's kind: its ledger's ``runs`` (empty in a record from before kinds)."""
+    return record.ledger.runs if record.ledger is not None else {}
 
 
 def why_command(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:

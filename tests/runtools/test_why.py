@@ -3,12 +3,16 @@ slowest step by default; errors that say what is missing (exit 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
 
+import msgspec
+
 from rlpulse.cli import main as rlpulse
 from rlpulse.runtools.cli import main as run_tools
+from rlpulse.schemas import ledger as L
 from rlpulse.schemas.record import StepRecord
 from tests.collector.sinks.test_ledger_views import records
 
@@ -31,7 +35,8 @@ def test_a_slow_step_against_the_median_step(tmp_path: Path) -> None:
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == (
-        "run demo, step 5: 5.300 s; the median step (of its 5 other steps) 3.900 s: +1.400 s (+36%)"
+        "run demo, step 5: 5.300 s; the median step (of its 5 other steps of its kind) 3.900 s: "
+        "+1.400 s (+36%)"
     )
     assert lines[1].startswith("step 5 5.30 s = rollout 2.00")
     assert lines[2].startswith(
@@ -45,6 +50,37 @@ def test_a_slow_step_against_the_median_step(tmp_path: Path) -> None:
     assert lines[-1].split()[-2:] == ["actor_train/1", "actor_train/train_step"]
     # without --step: the slowest step, the same one here
     assert why(str(path))[1] == out
+
+
+def validating(record: StepRecord, more: float) -> StepRecord:
+    """``record`` as a validation step: the generation ran twice, ``more`` seconds longer."""
+    ledger = record.ledger
+    assert ledger is not None
+    wall = record.metrics[L.LEDGER_WALL.name] + more
+    return dataclasses.replace(
+        record,
+        ledger=msgspec.structs.replace(ledger, runs={**ledger.runs, "rollout/generate": 2}),
+        metrics={**record.metrics, L.LEDGER_WALL.name: wall},
+    )
+
+
+def test_a_step_is_set_beside_the_steps_of_its_kind(tmp_path: Path) -> None:
+    """A step that ran the generation twice (a validation step) beside the other such steps,
+    as the collector judges it; a kind the run had once, beside all the others."""
+    recs = records(n=8, slow=99)  # every step 3.9 s
+    recs[2], recs[6] = validating(recs[2], 1.0), validating(recs[6], 1.2)
+    path = jsonl(tmp_path, recs)
+    first = why(str(path), "--step", "6")[1].splitlines()[0]
+    assert first == (
+        "run demo, step 6: 5.100 s; the median step (of its 1 other steps of its kind) 4.900 s: "
+        "+0.200 s (+4%)"
+    )
+    plain = why(str(path), "--step", "3")[1].splitlines()[0]
+    assert "(of its 5 other steps of its kind) 3.900 s" in plain
+    recs = records(n=8, slow=99)
+    recs[6] = validating(recs[6], 1.2)  # the run's only step of its kind
+    path = jsonl(tmp_path, recs)
+    assert "(of its 7 other steps) 3.900 s: +1.200 s" in why(str(path), "--step", "6")[1]
 
 
 def test_what_it_cannot_answer_exits_2_naming_it(tmp_path: Path) -> None:
