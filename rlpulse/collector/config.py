@@ -85,8 +85,8 @@ class CollectorConfig:
       defaults to the link-local networks and cloud metadata addresses, ``allow`` to any host
       (``rlpulse.collector.output.discovery.TargetPolicy``).
     * ``ledger_margin``: a step whose wall time is more than this fraction above the run's
-      rolling median step is given a cause in its record (``rlpulse.schemas.attribution``;
-      docs/ledger.md).
+      rolling median step of its kind is given a cause in its record
+      (``rlpulse.schemas.attribution``; docs/ledger.md).
     """
 
     bind: str = DEFAULT_BIND
