@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlpulse.producer.config import ProducerConfig
+from rlpulse.producer.integrations import section as section_fields
 from rlpulse.schemas.errors import ConfigError
 
 BACKEND = "rlpulse"
@@ -81,27 +82,15 @@ class VerlSettings:
             raise ConfigError(
                 f"{SECTION}.expected_roles", "must map role names to world sizes >= 1", expected
             )
-        worker_side = section.get("worker_side") or ()
-        if isinstance(worker_side, str) or not all(isinstance(n, str) for n in worker_side):
-            raise ConfigError(
-                f"{SECTION}.worker_side", "must be a list of metric names", worker_side
-            )
-        config_dir = section.get("config_dir", cls.config_dir)
-        if config_dir is not None and not isinstance(config_dir, str):
-            raise ConfigError(f"{SECTION}.config_dir", "must be a path or null", config_dir)
-        producer = section.get("producer") or {}
-        try:
-            producer_config = ProducerConfig(**dict(producer))
-        except ConfigError as exc:
-            raise ConfigError(f"{SECTION}.producer.{exc.field}", exc.problem, exc.value) from None
-        except TypeError as exc:  # an unknown field
-            raise ConfigError(f"{SECTION}.producer", str(exc), dict(producer)) from None
+        names = section_fields.worker_side(section, SECTION)
+        config_dir = section_fields.config_dir(section, SECTION, cls.config_dir)
+        producer_config = section_fields.producer_config(section, SECTION)
         return cls(
             run=run,
             address=address,
             role=section.get("role", "driver"),
             expected_roles=dict(expected),
-            worker_side=tuple(worker_side),
+            worker_side=names,
             config_dir=config_dir,
             producer=producer_config,
         )
